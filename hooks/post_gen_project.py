@@ -1,0 +1,89 @@
+"""After generation: the optional first commit and a short next-steps message.
+
+cookiecutter runs this file (rendered) inside the new project; copier runs it unrendered as
+a task on the first copy only, passing the answers as JSON in argv. Nothing is deleted here:
+optional files are chosen by their file names, so every engine writes the same tree.
+
+The first commit is made only on a first generation by cookiecutter or copier, and never
+inside an existing git work tree. ``cruft update`` and ``copier update`` regenerate the
+project in temporary folders to compute their diff; a repository created there would end
+up in that diff, so both are recognised and skipped: copier does not run this task on
+update, and under cruft the context lacks ``_output_dir``, which only plain cookiecutter
+sets (cruft users commit with cruft's own workflow, see the next steps).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+NEXT_STEPS = """
+Created {name} in {path}
+
+Next steps:
+  cd {path}
+  {env}
+  {slug} prepare && {slug} train       # the example on this machine's CPU or GPU
+  sbatch slurm/train.sbatch            # the same on a GPU node of {cluster}
+Read README.md for the rest.
+"""
+
+ENV_COMMANDS = {
+    "venv": "make install                       # venv + pip install -e '.[dev]'",
+    "conda": "conda env create -f environment.yml && conda activate {slug}",
+    "apptainer": "make container                     # build the image on a compute node",
+}
+
+
+def _git(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - fixed git arguments, no shell
+        ["git", *args], cwd=project, capture_output=True, text=True, check=False
+    )
+
+
+def first_commit(project: Path, author: str, email: str) -> str:
+    """Initialise a repository with everything committed; return a one-line outcome."""
+    if shutil.which("git") is None:
+        return "git not found: run `git init` yourself."
+    if _git(project, "rev-parse", "--is-inside-work-tree").returncode == 0:
+        return "Inside an existing git work tree: no repository created."
+    steps = (
+        ("init", "-q"),
+        ("add", "-A"),
+        ("-c", f"user.name={author}", "-c", f"user.email={email}",
+         "commit", "-q", "-m", "Initial commit from hpc-ml-template"),
+    )
+    for args in steps:
+        result = _git(project, *args)
+        if result.returncode != 0:
+            return f"git {args[0]} failed: {result.stderr.strip().splitlines()[-1:]}"
+    return "Initialised a git repository with a first commit."
+
+
+def main(answers: dict[str, Any], *, may_commit: bool) -> int:
+    """Make the first commit when asked and allowed, then print the next steps."""
+    project = Path.cwd()
+    slug = answers["project_slug"]
+    if may_commit and answers.get("git_init") == "yes":
+        print(first_commit(project, answers["author_name"], answers["author_email"]))
+    print(
+        NEXT_STEPS.format(
+            name=answers["project_name"],
+            path=project,
+            env=ENV_COMMANDS[answers["environment"]].format(slug=slug),
+            slug=slug,
+            cluster=answers["cluster"],
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:  # copier task: answers in argv, runs on the first copy only
+        sys.exit(main(json.loads(sys.argv[1]), may_commit=True))
+    context = json.loads(r"""{{ cookiecutter | tojson }}""")
+    sys.exit(main(context, may_commit="_output_dir" in context))

@@ -1,0 +1,60 @@
+"""Shared fixtures: a clean, committed snapshot of the template to generate from."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engines import Bake, bake
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git with a fixed identity; return stdout, fail the test on error."""
+    done = subprocess.run(
+        ["git", "-c", "user.name=Test", "-c", "user.email=test@example.org", *args],
+        cwd=cwd, capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
+    """Copy the template's source files (tracked or new, never ignored) into a fresh repo.
+
+    copier and cruft read a template from git, so the tests give them a repository that
+    holds exactly the working tree, tagged like a release.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "template snapshot")
+    git(dest, "tag", tag)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template as a tagged git repository."""
+    return snapshot_template(tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(scope="session")
+def default_bake(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Bake:
+    """The default project, generated once by cookiecutter."""
+    baked = bake("cookiecutter", template, tmp_path_factory.mktemp("default"), {})
+    assert baked.ok, baked.stderr
+    return baked

@@ -1,0 +1,70 @@
+"""Run the real cookiecutter, copier and cruft command-line tools on the template."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+ENGINES = ("cookiecutter", "copier", "cruft")
+# Files each engine adds for its own bookkeeping; everything else must be identical.
+BOOKKEEPING = {".copier-answers.yml", ".cruft.json"}
+
+
+@dataclass
+class Bake:
+    """The outcome of one generation."""
+
+    engine: str
+    returncode: int
+    stdout: str
+    stderr: str
+    project: Path  # where the project is (or would have been) written
+
+    @property
+    def ok(self) -> bool:
+        """True when the engine succeeded and wrote the project."""
+        return self.returncode == 0 and self.project.is_dir()
+
+
+def _tool(name: str) -> str:
+    found = BIN / name
+    return str(found) if found.exists() else shutil.which(name) or name
+
+
+def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bake:
+    """Generate a project with one engine; ``out`` is an empty parent folder."""
+    slug = answers.get("project_slug", "my_hpc_project")
+    out.mkdir(parents=True, exist_ok=True)
+    if engine == "cookiecutter":
+        args = [_tool("cookiecutter"), "--no-input", "-o", str(out), str(template)]
+        args += [f"{k}={v}" for k, v in answers.items()]
+    elif engine == "copier":
+        args = [_tool("copier"), "copy", "--defaults", "--trust", "--quiet", "--vcs-ref", "HEAD"]
+        args += [f"--data={k}={v}" for k, v in answers.items()]
+        args += [str(template), str(out / slug)]
+    elif engine == "cruft":
+        args = [_tool("cruft"), "create", "--no-input", "--output-dir", str(out)]
+        args += ["--extra-context", json.dumps(answers), str(template)]
+    else:
+        raise ValueError(engine)
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env, cwd=out)
+    return Bake(engine, done.returncode, done.stdout, done.stderr, out / slug)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root (no .git, no engine bookkeeping) with its bytes and mode."""
+    files: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == ".git" or str(rel) in BOOKKEEPING or not path.is_file():
+            continue
+        mode = b"x" if os.access(path, os.X_OK) else b"-"
+        files[rel.as_posix()] = mode + path.read_bytes()
+    return files
