@@ -1,0 +1,413 @@
+"""Raw data that stays as delivered: ``data freeze``, ``data verify`` and ``verify_raw``.
+
+``data freeze`` records every file below the raw-data folder in a committed manifest (path,
+size, mode, SHA-256, see ``manifest.py``) and removes the write bits from those files.
+``data verify`` compares the folder with the manifest and names every modified, missing,
+added, renamed or permission-changed file. ``prepare`` and ``train`` call ``verify_raw``
+before they read raw data. Nothing here writes below the raw folder except ``freeze``, and
+``freeze`` only changes permission bits.
+
+Directories stay writable on purpose: read-only directories break ``rm -rf``, ``git clean``
+and copying new files in, while added or deleted files are caught by ``verify`` anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from .hashcache import HashCache
+from .manifest import Entry, RawDataError, read_manifest, write_manifest
+from .settings import get_settings
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterator, Mapping
+
+__all__ = [
+    "MANIFEST_PATH",
+    "RawDataError",
+    "add_data_command",
+    "compare",
+    "default_paths",
+    "freeze",
+    "verify",
+    "verify_raw",
+]
+
+#: The committed manifest, relative to the project root. It stays in the repository even
+#: when ``DATA_DIR`` puts the data itself on another file system.
+MANIFEST_PATH = Path("data") / "raw.manifest.tsv"
+#: Hash cache, next to the raw folder (git-ignored).
+CACHE_NAME = ".raw-cache.json"
+#: Placeholders that keep an empty folder in git; they are not data.
+IGNORED_NAMES = frozenset({".gitkeep"})
+
+# Kinds of change, as printed.
+MODIFIED = "modified"
+MISSING = "missing"
+ADDED = "added"
+RENAMED = "renamed"
+PERMISSIONS = "permissions"
+
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+_CHUNK = 1 << 20
+# Hashing releases the GIL, and parallel reads help most on cluster file systems.
+_WORKERS = min(8, os.cpu_count() or 1)
+_SHOWN = 3  # changes named in a one-line message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class Change:
+    """One difference between the raw folder and the manifest."""
+
+    path: str
+    kind: str
+    detail: str = ""
+
+    def describe(self, raw_dir: Path, width: int = 11) -> str:
+        """One report line, e.g. ``modified    data/raw/a.csv (size 10 -> 8)``."""
+        if self.kind == RENAMED:
+            return f"{self.kind:<{width}} {raw_dir / self.path} -> {raw_dir / self.detail}"
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.kind:<{width}} {raw_dir / self.path}{detail}"
+
+
+def _near(path: Path) -> Path:
+    """``path`` relative to the working directory if it lies below it, for short messages."""
+    here = Path.cwd()
+    return path.relative_to(here) if path.is_relative_to(here) else path
+
+
+def default_paths() -> tuple[Path, Path]:
+    """The raw folder and manifest of this project; ``PROJECT_ROOT``, ``DATA_DIR`` apply."""
+    settings = get_settings()
+    return _near(settings.raw_dir), _near(settings.project_root / MANIFEST_PATH)
+
+
+def scan(raw_dir: Path) -> dict[str, os.stat_result]:
+    """Stat every regular file below ``raw_dir`` (following symlinks), keyed by POSIX path."""
+    if not raw_dir.is_dir():
+        raise RawDataError(f"raw-data folder {raw_dir} does not exist")
+    found: dict[str, os.stat_result] = {}
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(raw_dir, followlinks=True):
+        folder = Path(dirpath)
+        folder_stat = folder.stat()
+        if (folder_stat.st_dev, folder_stat.st_ino) in seen:  # a symlink loop
+            dirnames.clear()
+            continue
+        seen.add((folder_stat.st_dev, folder_stat.st_ino))
+        prefix = folder.relative_to(raw_dir)
+        for name in filenames:
+            if name in IGNORED_NAMES:
+                continue
+            try:
+                st = (folder / name).stat()
+            except FileNotFoundError:  # a dangling symlink has no content to check
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found[(prefix / name).as_posix()] = st
+    return found
+
+
+def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str:
+    """SHA-256 of a file, read in 1 MiB chunks into one reused buffer."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            digest.update(view[:size])
+            if advance is not None:
+                advance(size)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None]]:
+    """A thread-safe byte counter that draws a bar only on a terminal and after 0.5 s."""
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="hashing raw data",
+        delay=0.5,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    )
+    lock = threading.Lock()
+
+    def advance(size: int) -> None:
+        with lock:
+            bar.update(size)
+
+    try:
+        yield advance
+    finally:
+        bar.close()
+
+
+def hash_files(
+    raw_dir: Path, stats: Mapping[str, os.stat_result], cache: HashCache, *, full: bool
+) -> dict[str, str]:
+    """SHA-256 of each file in ``stats``; cached sums are used unless ``full``."""
+    sums: dict[str, str] = {}
+    todo: list[str] = []
+    for rel, st in stats.items():
+        cached = None if full else cache.get(rel, st)
+        if cached is None:
+            todo.append(rel)
+        else:
+            sums[rel] = cached
+    total = sum(stats[rel].st_size for rel in todo)
+    with _progress(total) as advance, ThreadPoolExecutor(_WORKERS) as pool:
+        digests = pool.map(lambda rel: sha256_file(raw_dir / rel, advance), todo)
+        for rel, digest in zip(todo, digests, strict=True):
+            sums[rel] = digest
+            cache.put(rel, stats[rel], digest)
+    return sums
+
+
+def diff(old: Mapping[str, Entry], new: Mapping[str, Entry], gone: str = MISSING) -> list[Change]:
+    """Changes from ``old`` to ``new``; an empty sha256 in ``new`` means "not hashed".
+
+    A file that disappeared under one name and appeared with the same content under
+    another is reported once, as renamed. ``gone`` names the kind for vanished files.
+    """
+    changes: list[Change] = []
+    for rel in old.keys() & new.keys():
+        before, after = old[rel], new[rel]
+        if before.size != after.size:
+            changes.append(Change(rel, MODIFIED, f"size {before.size} -> {after.size}"))
+        elif before.sha256 != after.sha256:
+            changes.append(Change(rel, MODIFIED, "content differs"))
+        if before.mode != after.mode:
+            detail = f"mode {after.mode:04o}, manifest {before.mode:04o}"
+            changes.append(Change(rel, PERMISSIONS, detail))
+    vanished: dict[tuple[int, str], list[str]] = {}
+    for rel in sorted(old.keys() - new.keys()):
+        vanished.setdefault((old[rel].size, old[rel].sha256), []).append(rel)
+    for rel in sorted(new.keys() - old.keys()):
+        sources = vanished.get((new[rel].size, new[rel].sha256))
+        if new[rel].sha256 and sources:
+            changes.append(Change(sources.pop(0), RENAMED, rel))
+        else:
+            changes.append(Change(rel, ADDED))
+    changes.extend(Change(rel, gone) for rels in vanished.values() for rel in rels)
+    return sorted(changes)
+
+
+def _cache(raw_dir: Path) -> HashCache:
+    return HashCache(raw_dir.parent / CACHE_NAME, raw_dir)
+
+
+def _entry(st: os.stat_result, sha256: str) -> Entry:
+    return Entry(size=st.st_size, mode=stat.S_IMODE(st.st_mode), sha256=sha256)
+
+
+def _compare(
+    raw_dir: Path, expected: Mapping[str, Entry], cache: HashCache, *, full: bool
+) -> tuple[list[Change], dict[str, os.stat_result]]:
+    """Changes of ``raw_dir`` against ``expected``, hashing only what can decide a change."""
+    stats = scan(raw_dir)
+    vanished_sizes = {expected[rel].size for rel in expected.keys() - stats.keys()}
+    to_hash = {
+        rel: st
+        for rel, st in stats.items()
+        if (rel in expected and st.st_size == expected[rel].size)
+        or (rel not in expected and st.st_size in vanished_sizes)  # rename candidates
+    }
+    sums = hash_files(raw_dir, to_hash, cache, full=full)
+    actual = {rel: _entry(st, sums.get(rel, "")) for rel, st in stats.items()}
+    cache.keep_only(set(stats))
+    cache.save()
+    return diff(expected, actual), stats
+
+
+def compare(raw_dir: Path, expected: Mapping[str, Entry], *, full: bool = False) -> list[Change]:
+    """Every difference between ``raw_dir`` and ``expected``; empty when they match."""
+    return _compare(raw_dir, expected, _cache(raw_dir), full=full)[0]
+
+
+def verify(raw_dir: Path, manifest: Path, *, full: bool = False) -> list[Change]:
+    """Every difference between ``raw_dir`` and the manifest file; empty when they match."""
+    return compare(raw_dir, read_manifest(manifest), full=full)
+
+
+def _summary(changes: list[Change], raw_dir: Path) -> str:
+    named = ", ".join(change.describe(raw_dir, width=0) for change in changes[:_SHOWN])
+    more = len(changes) - _SHOWN
+    return named + (f" (+{more} more)" if more > 0 else "")
+
+
+def verify_raw(raw_dir: Path, manifest: Path) -> None:
+    """Raise ``RawDataError`` with a one-line message unless the raw content is as recorded.
+
+    Permission drift alone (e.g. a fresh clone, where git gives files mode 0644) does not
+    stop a run: the data is intact, so it is logged as a warning that says how to fix it.
+    """
+    changes = verify(raw_dir, manifest)
+    content = [c for c in changes if c.kind != PERMISSIONS]
+    if content:
+        raise RawDataError(
+            f"raw data in {raw_dir} does not match {manifest}: {_summary(content, raw_dir)}; "
+            f"run `{__package__} data verify` for the full list"
+        )
+    if changes:
+        log.warning(
+            "%d raw file(s) in %s have other permissions than recorded; "
+            "`%s data freeze` makes them read-only again",
+            len(changes),
+            raw_dir,
+            __package__,
+        )
+
+
+def _read_only(path: Path, st: os.stat_result, mode: int) -> os.stat_result:
+    """Set ``mode`` on ``path`` if needed and return the new stat (chmod changes ctime)."""
+    if stat.S_IMODE(st.st_mode) == mode:
+        return st
+    try:
+        path.chmod(mode)
+    except PermissionError:  # e.g. a symlinked shared data set owned by someone else
+        log.warning("cannot change permissions of %s (not its owner); left as they are", path)
+        return st
+    return path.stat()
+
+
+def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -> list[Change]:
+    """Record the raw folder in the manifest and make its files read-only.
+
+    Without ``update`` an existing manifest is never changed: the content must still match
+    it, and only the recorded permissions are restored (e.g. after copying the data to a
+    new machine). With ``update`` the manifest is rewritten from the folder as it is now.
+    Returns the changes against the previous manifest.
+    """
+    cache = _cache(raw_dir)
+    old = read_manifest(manifest) if manifest.exists() else None
+    if old is not None and not update:
+        changes, stats = _compare(raw_dir, old, cache, full=full)
+        content = [c for c in changes if c.kind != PERMISSIONS]
+        if content:
+            raise RawDataError(
+                f"raw data in {raw_dir} differs from {manifest}: {_summary(content, raw_dir)}; "
+                f"record it with `{__package__} data freeze --update`"
+            )
+        for change in changes:
+            st = _read_only(raw_dir / change.path, stats[change.path], old[change.path].mode)
+            cache.put(change.path, st, old[change.path].sha256)
+        cache.save()
+        return changes
+    stats = scan(raw_dir)
+    sums = hash_files(raw_dir, stats, cache, full=full)
+    entries: dict[str, Entry] = {}
+    for rel, st in stats.items():
+        frozen = _read_only(raw_dir / rel, st, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS)
+        cache.put(rel, frozen, sums[rel])
+        entries[rel] = _entry(frozen, sums[rel])
+    write_manifest(manifest, entries)
+    cache.keep_only(set(stats))
+    cache.save()
+    return diff(old or {}, entries, gone="removed")
+
+
+def _run_freeze(args: argparse.Namespace) -> int:
+    raw_dir, manifest = _resolve(args)
+    had_manifest = manifest.exists()
+    changes = freeze(raw_dir, manifest, update=args.update, full=args.full)
+    for change in changes:
+        print(change.describe(raw_dir))
+    if not had_manifest:
+        print(f"recorded {len(read_manifest(manifest))} raw files in {manifest} (now read-only)")
+    elif args.update:
+        print(f"{manifest}: {len(changes) or 'no'} change(s) recorded")
+    else:
+        print(f"{manifest} unchanged; {len(changes)} file(s) made read-only again")
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    raw_dir, manifest = _resolve(args)
+    changes = verify(raw_dir, manifest, full=args.full)
+    for change in changes:
+        print(change.describe(raw_dir))
+    if changes:
+        print(
+            f"{raw_dir}: {len(changes)} difference(s) from {manifest}; if intended, record "
+            f"them with `{__package__} data freeze --update`",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{raw_dir}: all files match {manifest}")
+    return 0
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Path, Path]:
+    raw_dir, manifest = default_paths()
+    return args.raw_dir or raw_dir, args.manifest or manifest
+
+
+def run_data_command(args: argparse.Namespace) -> int:
+    """Run ``data freeze`` or ``data verify``; errors become one line on stderr and exit 1."""
+    try:
+        return args.data_handler(args)
+    except RawDataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def add_data_command(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``data freeze [--update] [--full]`` and ``data verify [--full]`` to a CLI.
+
+    The parsed namespace gets ``func=run_data_command``, which returns the exit code.
+    """
+    data = subparsers.add_parser(
+        "data",
+        help="freeze and verify the raw data",
+        description="Keep the raw data as delivered: record it once, then check it.",
+    )
+    data.set_defaults(func=run_data_command)
+    actions = data.add_subparsers(dest="data_action", required=True, metavar="ACTION")
+    freeze_parser = actions.add_parser(
+        "freeze",
+        help="record the raw files in the manifest and make them read-only",
+        description="Record every raw file (path, size, mode, SHA-256) and remove write "
+        "permission. With an existing manifest only permissions are restored, unless "
+        "--update is given.",
+    )
+    freeze_parser.add_argument(
+        "--update", action="store_true", help="rewrite the manifest from the files as they are now"
+    )
+    freeze_parser.set_defaults(data_handler=_run_freeze)
+    verify_parser = actions.add_parser(
+        "verify",
+        help="check the raw files against the manifest",
+        description="Report every modified, missing, added, renamed or permission-changed "
+        "raw file; exit 1 if there is any.",
+    )
+    verify_parser.set_defaults(data_handler=_run_verify)
+    for parser in (freeze_parser, verify_parser):
+        parser.add_argument(
+            "--full", action="store_true", help="hash every file, ignoring the metadata cache"
+        )
+        parser.add_argument(
+            "--raw-dir", type=Path, help="raw-data folder (default: $DATA_DIR/raw or data/raw)"
+        )
+        parser.add_argument(
+            "--manifest", type=Path, help=f"manifest file (default: {MANIFEST_PATH.as_posix()})"
+        )
