@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("cookiecutter", "copier", "cruft")
 # Files each engine adds for its own bookkeeping; everything else must be identical.
 BOOKKEEPING = {".copier-answers.yml", ".cruft.json"}
@@ -32,6 +34,15 @@ class Bake:
         return self.returncode == 0 and self.project.is_dir()
 
 
+def to_slug(name: str) -> str:
+    """The slug the template derives from a project name (the hook's own function)."""
+    spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
+    assert spec and spec.loader
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    return rules.to_slug(name)
+
+
 def _tool(name: str) -> str:
     found = BIN / name
     return str(found) if found.exists() else shutil.which(name) or name
@@ -39,7 +50,7 @@ def _tool(name: str) -> str:
 
 def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bake:
     """Generate a project with one engine; ``out`` is an empty parent folder."""
-    slug = answers.get("project_slug", "my_hpc_project")
+    slug = answers.get("project_slug") or to_slug(answers.get("project_name", "My HPC Project"))
     out.mkdir(parents=True, exist_ok=True)
     if engine == "cookiecutter":
         args = [_tool("cookiecutter"), "--no-input", "-o", str(out), str(template)]

@@ -1,0 +1,225 @@
+"""Bakes of a covering set of answers: exact file sets, no leftover Jinja, lint-clean output."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engines import BIN, Bake, bake
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_DIR = "{{cookiecutter.project_slug}}"
+CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+
+# Every value of every choice appears at least once, and every preset
+# (test_combinations_cover_every_choice checks that).
+COMBINATIONS: dict[str, dict[str, str]] = {
+    "defaults": {},
+    "generic-conda": {
+        "cluster": "generic", "license": "BSD-3-Clause", "python_version": "3.10",
+        "environment": "conda", "tracking": "tensorboard", "example": "no", "ci": "github",
+        "vscode": "no", "snakemake": "yes", "git_init": "no", "account": "proj_42",
+        "mail": "me@example.org", "nodes": "2", "gpus_per_node": "2", "partition": "gpu",
+    },
+    "grete-apptainer": {
+        "license": "Apache-2.0", "python_version": "3.12", "environment": "apptainer",
+        "ci": "none", "snakemake": "yes", "partition": "grete:shared", "gpus_per_node": "8",
+        "time_limit": "2-00:00:00",
+    },
+    "generic-proprietary": {
+        "cluster": "generic", "license": "proprietary", "python_version": "3.13",
+        "tracking": "tensorboard", "example": "no", "vscode": "no", "project_name": "Tiny Net",
+        "time_limit": "30", "memory": "0",
+    },
+}
+
+_CONDITION = re.compile(
+    r"\{% if cookiecutter\.(?P<field>\w+) (?P<op>==|!=) '(?P<value>[^']*)' %\}(?P<name>[^{]+)\{% endif %\}"
+)
+_LEFTOVER = re.compile(r"(?<![$])\{\{|\{%|(?<![$])\{#")
+
+
+def answers_of(overrides: dict[str, str]) -> dict[str, str]:
+    """The choice answers of a bake (first choice unless overridden)."""
+    chosen = {k: v[0] for k, v in CC.items() if isinstance(v, list) and not k.startswith("_")}
+    return chosen | overrides
+
+
+def expected_files(answers: dict[str, str], slug: str) -> set[str]:
+    """The file set a bake must produce, read off the template's file names.
+
+    A conditional file name must be a single comparison of one answer with one value, so
+    that each condition is evaluated here independently of the engines.
+    """
+    wanted: set[str] = set()
+    top = ROOT / PROJECT_DIR
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", PROJECT_DIR],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split("\n")
+    for line in filter(None, listed):
+        rel = Path(line).relative_to(PROJECT_DIR)
+        if not (top / rel).is_file() or rel.name == "{{cookiecutter.__answers}}":
+            continue
+        parts = []
+        for part in rel.parts:
+            part = re.sub(r"\{\{ ?cookiecutter\.project_slug ?\}\}", slug, part)
+            if "{%" in part:
+                match = _CONDITION.fullmatch(part)
+                assert match, f"file-name condition too complex for the test: {rel}"
+                equal = answers[match["field"]] == match["value"]
+                if equal != (match["op"] == "=="):
+                    break
+                part = match["name"]
+            parts.append(part)
+        else:
+            wanted.add("/".join(parts))
+    return wanted
+
+
+def produced_files(project: Path) -> set[str]:
+    """Every file of a generated project outside .git."""
+    return {
+        p.relative_to(project).as_posix()
+        for p in project.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(project).parts
+    }
+
+
+def test_combinations_cover_every_choice() -> None:
+    for name, choices in CC.items():
+        if isinstance(choices, list) and not name.startswith("_"):
+            used = {answers_of(c)[name] for c in COMBINATIONS.values()}
+            assert used == set(choices), name
+
+
+@pytest.fixture(scope="module", params=sorted(COMBINATIONS))
+def baked(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+    overrides = COMBINATIONS[request.param]
+    result = bake("cookiecutter", template, tmp_path_factory.mktemp(request.param), overrides)
+    assert result.ok, result.stderr[-3000:]
+    return result, answers_of(overrides)
+
+
+def test_exact_file_set(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = baked
+    assert produced_files(result.project) == expected_files(answers, result.project.name)
+
+
+def test_license_matches_answer(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = baked
+    text = (result.project / "LICENSE").read_text("utf-8")
+    marker = {
+        "MIT": "MIT License", "BSD-3-Clause": "BSD 3-Clause License",
+        "Apache-2.0": "Apache License", "proprietary": "All rights reserved",
+    }[answers["license"]]
+    assert marker in text
+    meta = tomllib.loads((result.project / "pyproject.toml").read_text("utf-8"))["project"]
+    assert meta.get("license") == (None if answers["license"] == "proprietary" else answers["license"])
+
+
+def test_no_leftover_jinja(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, _ = baked
+    for path in result.project.rglob("*"):
+        if path.is_file() and ".git" not in path.parts:
+            try:
+                text = path.read_text("utf-8")
+            except UnicodeDecodeError:
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                assert not _LEFTOVER.search(line), f"{path.name}:{number}: {line}"
+
+
+def test_ruff_clean(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, _ = baked
+    for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
+        done = subprocess.run(
+            [str(BIN / "ruff"), *args], cwd=result.project, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def strip_json_comments(text: str) -> str:
+    """Drop // and /* */ comments outside strings (VSCode's JSON with comments)."""
+    return re.sub(
+        r'"(?:\\.|[^"\\])*"|//[^\n]*|/\*.*?\*/',
+        lambda m: m.group(0) if m.group(0).startswith('"') else "",
+        text,
+        flags=re.DOTALL,
+    )
+
+
+class _AnyTagLoader(yaml.SafeLoader):
+    """YAML loader that accepts tags such as GitLab's !reference."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def test_config_files_parse(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, _ = baked
+    seen = 0
+    for path in result.project.rglob("*"):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        text = path.read_text("utf-8") if path.suffix in {".toml", ".yml", ".yaml", ".json", ".cff"} else None
+        if text is None:
+            continue
+        if path.suffix == ".toml":
+            tomllib.loads(text)
+        elif path.suffix == ".json":
+            json.loads(strip_json_comments(text) if ".vscode" in path.parts else text)
+        else:
+            list(yaml.load_all(text, Loader=_AnyTagLoader))  # noqa: S506 - safe loader subclass
+        seen += 1
+    assert seen >= 1
+
+
+def shell_scripts(project: Path) -> list[Path]:
+    """Files that are shell scripts by suffix or by shebang."""
+    found = []
+    for path in project.rglob("*"):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        if path.suffix in {".sh", ".sbatch", ".bash"}:
+            found.append(path)
+            continue
+        with path.open("rb") as handle:
+            first = handle.readline()
+        if re.match(rb"#!\s*/(usr/)?bin/(env )?(ba)?sh\b", first):
+            found.append(path)
+    return sorted(found)
+
+
+def test_shell_scripts_pass_bash_n_and_shellcheck(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, _ = baked
+    for script in shell_scripts(result.project):
+        syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+        assert syntax.returncode == 0, f"{script.name}: {syntax.stderr}"
+        lint = subprocess.run(
+            [str(BIN / "shellcheck"), "-x", "--shell=bash", str(script.name)],
+            cwd=script.parent, capture_output=True, text=True, check=False,
+        )
+        assert lint.returncode == 0, f"{script.name}:\n{lint.stdout}"
+
+
+def test_first_commit_only_when_asked(baked: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = baked
+    has_repo = (result.project / ".git").is_dir()
+    assert has_repo == (answers["git_init"] == "yes")
+    if has_repo:
+        log = subprocess.run(
+            ["git", "log", "--format=%an <%ae>|%s"], cwd=result.project, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        assert log == ["Jane Doe <jane.doe@example.org>|Initial commit from hpc-ml-template"]
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=result.project, capture_output=True, text=True, check=True
+        ).stdout
+        assert status == "", "the first commit must hold every generated file"
+    assert "Next steps:" in result.stdout
