@@ -1,0 +1,46 @@
+# hpc-ml-template: contributor commands. `make help` lists them.
+# Everything runs in .venv, which `make` creates on first use from python3 alone.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch 2.13.0 is enough for every test; the generated project's own
+# range (torch>=2.4,<3) admits it, so baked projects reuse it instead of downloading.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+DEMO := build/demo
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test sync bench clean
+
+help: ## List the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): requirements-test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -r requirements-test.txt
+	touch $@
+
+demo: $(STAMP) ## Bake the default project into build/demo and run its example end to end
+	rm -rf $(DEMO)
+	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate run.name=demo
+	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
+	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
+
+test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generated suites)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+sync: $(STAMP) ## Regenerate copier.yml and the presets in cookiecutter.json
+	$(BIN)/python tools/sync_questions.py
+
+bench: $(STAMP) ## Time a default bake with each engine
+	$(BIN)/python tools/bench_bake.py
+
+clean: ## Remove the venv and build outputs
+	rm -rf $(VENV) build

@@ -1,0 +1,65 @@
+"""Time a default bake with each engine's command-line tool, side by side in one run.
+
+Prints the median wall time of several bakes per engine (process start included, as a
+user sees it) and the time of cookiecutter's own Python API for comparison.
+Usage: python tools/bench_bake.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import snapshot_template  # noqa: E402
+from engines import ENGINES, bake  # noqa: E402
+
+
+def _api_bake(template: Path, out: Path) -> None:
+    """Bake in this process; the hooks' own output (fd 1) is discarded."""
+    from cookiecutter.main import cookiecutter
+
+    saved = os.dup(1)
+    with open(os.devnull, "w") as sink:  # noqa: PTH123
+        os.dup2(sink.fileno(), 1)
+        try:
+            cookiecutter(str(template), no_input=True, output_dir=str(out),
+                         extra_context={"git_init": "no"})
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def main() -> int:
+    """Run the benchmark and print one line per engine plus a summary line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        template = snapshot_template(Path(tmp) / "template")
+        times: dict[str, list[float]] = {name: [] for name in (*ENGINES, "cookiecutter-api")}
+        for round_ in range(args.repeat):  # engines interleaved, so load hits all alike
+            for name in ENGINES:
+                start = time.perf_counter()
+                result = bake(name, template, Path(tmp) / f"{name}-{round_}", {"git_init": "no"})
+                times[name].append(time.perf_counter() - start)
+                assert result.ok, result.stderr
+            start = time.perf_counter()
+            _api_bake(template, Path(tmp) / f"api-{round_}")
+            times["cookiecutter-api"].append(time.perf_counter() - start)
+    for name, values in times.items():
+        print(f"{name:18s} median {statistics.median(values):.3f} s  (min {min(values):.3f} s)")
+    medians = " ".join(f"{n}={statistics.median(v):.2f}s" for n, v in times.items())
+    print(f"default bake: {medians}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
