@@ -7,10 +7,15 @@ import logging
 import os
 import shutil
 import stat
+from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
@@ -73,13 +78,25 @@ def test_untouched_tree_verifies_clean(project: Path, capsys: pytest.CaptureFixt
     assert changes(capsys, "--full")[0] == 0
 
 
+@contextmanager
+def writable(path: Path) -> Iterator[Path]:
+    """Lift the read-only mode for one write (root ignores it, everyone else does not)."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    path.chmod(mode | stat.S_IWUSR)
+    try:
+        yield path
+    finally:
+        path.chmod(mode)
+
+
 def _modify(raw: Path) -> None:
-    path = raw / "labels.csv"
-    path.write_bytes(path.read_bytes().replace(b"cat", b"cow"))  # same size
+    with writable(raw / "labels.csv") as path:
+        path.write_bytes(path.read_bytes().replace(b"cat", b"cow"))  # same size
 
 
 def _truncate(raw: Path) -> None:
-    os.truncate(raw / "images" / "0001.bin", 10)
+    with writable(raw / "images" / "0001.bin") as path:
+        os.truncate(path, 10)
 
 
 def _delete(raw: Path) -> None:
