@@ -1,7 +1,8 @@
 """Time a default bake with each engine's command-line tool, side by side in one run.
 
-Prints the median wall time of several bakes per engine (process start included, as a
-user sees it) and the time of cookiecutter's own Python API for comparison.
+Prints the median wall time of several bakes per engine's command (process start included,
+as a user sees it) and, for comparison, of cookiecutter's and copier's Python APIs in this
+process (imports already paid, as in a test suite).
 Usage: python tools/bench_bake.py [--repeat N]
 """
 
@@ -22,16 +23,21 @@ from conftest import snapshot_template  # noqa: E402
 from engines import ENGINES, bake  # noqa: E402
 
 
-def _api_bake(template: Path, out: Path) -> None:
-    """Bake in this process; the hooks' own output (fd 1) is discarded."""
+def _api_bake(engine: str, template: Path, out: Path) -> None:
+    """Bake in this process (no interpreter start); hook output (fd 1) is discarded."""
+    from copier import run_copy
     from cookiecutter.main import cookiecutter
 
     saved = os.dup(1)
     with open(os.devnull, "w") as sink:  # noqa: PTH123
         os.dup2(sink.fileno(), 1)
         try:
-            cookiecutter(str(template), no_input=True, output_dir=str(out),
-                         extra_context={"git_init": "no"})
+            if engine == "cookiecutter":
+                cookiecutter(str(template), no_input=True, output_dir=str(out),
+                             extra_context={"git_init": "no"})
+            else:
+                run_copy(str(template), str(out), data={"git_init": "no"}, defaults=True,
+                         unsafe=True, quiet=True)
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -44,16 +50,18 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         template = snapshot_template(Path(tmp) / "template")
-        times: dict[str, list[float]] = {name: [] for name in (*ENGINES, "cookiecutter-api")}
+        apis = ("cookiecutter", "copier")
+        times: dict[str, list[float]] = {n: [] for n in (*ENGINES, *(f"{a}-api" for a in apis))}
         for round_ in range(args.repeat):  # engines interleaved, so load hits all alike
             for name in ENGINES:
                 start = time.perf_counter()
                 result = bake(name, template, Path(tmp) / f"{name}-{round_}", {"git_init": "no"})
                 times[name].append(time.perf_counter() - start)
                 assert result.ok, result.stderr
-            start = time.perf_counter()
-            _api_bake(template, Path(tmp) / f"api-{round_}")
-            times["cookiecutter-api"].append(time.perf_counter() - start)
+            for name in apis:
+                start = time.perf_counter()
+                _api_bake(name, template, Path(tmp) / f"{name}-api-{round_}")
+                times[f"{name}-api"].append(time.perf_counter() - start)
     for name, values in times.items():
         print(f"{name:18s} median {statistics.median(values):.3f} s  (min {min(values):.3f} s)")
     medians = " ".join(f"{n}={statistics.median(v):.2f}s" for n, v in times.items())
