@@ -261,6 +261,7 @@ def verify_raw(raw_dir: Path, manifest: Path) -> None:
     Permission drift alone (e.g. a fresh clone, where git gives files mode 0644) does not
     stop a run: the data is intact, so it is logged as a warning that says how to fix it.
     """
+    raw_dir, manifest = _near(raw_dir), _near(manifest)
     changes = verify(raw_dir, manifest)
     content = [c for c in changes if c.kind != PERMISSIONS]
     if content:
