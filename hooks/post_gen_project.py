@@ -40,9 +40,7 @@ ENV_COMMANDS = {
 
 
 def _git(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - fixed git arguments, no shell
-        ["git", *args], cwd=project, capture_output=True, text=True, check=False
-    )
+    return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True, check=False)
 
 
 def first_commit(project: Path, author: str, email: str) -> str:
@@ -54,8 +52,16 @@ def first_commit(project: Path, author: str, email: str) -> str:
     steps = (
         ("init", "-q"),
         ("add", "-A"),
-        ("-c", f"user.name={author}", "-c", f"user.email={email}",
-         "commit", "-q", "-m", "Initial commit from hpc-ml-template"),
+        (
+            "-c",
+            f"user.name={author}",
+            "-c",
+            f"user.email={email}",
+            "commit",
+            "-q",
+            "-m",
+            "Initial commit from hpc-ml-template",
+        ),
     )
     for args in steps:
         result = _git(project, *args)

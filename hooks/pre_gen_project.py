@@ -20,19 +20,42 @@ import json
 import keyword
 import re
 import sys
-import tomllib
 import unicodedata
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import pass_context
+from jinja2.ext import Extension
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 # Packages the generated project imports or installs: a slug equal to one of them would
 # shadow it on sys.path and break the project in confusing ways.
 PROJECT_DEPENDENCIES = frozenset(
     {
-        "torch", "dotenv", "tqdm", "matplotlib", "numpy", "tensorboard", "pytest", "ruff",
-        "setuptools", "pip", "pre_commit", "nvitop", "pynvml", "snakemake", "PIL", "yaml",
-        "typing_extensions", "jinja2", "packaging", "wheel", "tests", "src", "data",
+        "torch",
+        "dotenv",
+        "tqdm",
+        "matplotlib",
+        "numpy",
+        "tensorboard",
+        "pytest",
+        "ruff",
+        "setuptools",
+        "pip",
+        "pre_commit",
+        "nvitop",
+        "pynvml",
+        "snakemake",
+        "PIL",
+        "yaml",
+        "typing_extensions",
+        "jinja2",
+        "packaging",
+        "wheel",
+        "tests",
+        "src",
+        "data",
     }
 )
 
@@ -54,7 +77,13 @@ _TIME = re.compile(
 _SHELL_SPECIAL = set("\"'`$\\;&|<>()[]{}*?!~#\n\r\t ")
 _TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
 MAX_NODES = 1024
+MAX_GPUS = 64
 MAX_CPUS_PER_GPU = 256
+MAX_SLUG = 50
+MAX_TEXT = 200
+MAX_SEXAGESIMAL = 59
+MAX_HOUR = 23
+MIN_TIME = 60  # seconds: Slurm counts in minutes
 
 
 def _say(field: str, value: object, rule: str) -> str:
@@ -75,34 +104,89 @@ def parse_time(value: str) -> int | None:
         return None
     g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
     if "days" in g:
-        h, m, s = g["dh"], g.get("dm", 0), g.get("ds", 0)
-        if h > 23 or m > 59 or s > 59:
-            return None
-        return ((g["days"] * 24 + h) * 60 + m) * 60 + s
-    if "h" in g:
-        if g["m"] > 59 or g["s"] > 59:
-            return None
-        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
-    if g.get("ss", 0) > 59:
+        hours, minutes, seconds = g["dh"], g.get("dm", 0), g.get("ds", 0)
+        days = g["days"]
+    elif "h" in g:
+        days, hours, minutes, seconds = 0, g["h"], g["m"], g["s"]
+    else:
+        days, hours, minutes, seconds = 0, 0, g["mm"], g.get("ss", 0)
+    too_big = seconds > MAX_SEXAGESIMAL or (minutes > MAX_SEXAGESIMAL and "mm" not in g)
+    if too_big or ("days" in g and hours > MAX_HOUR):
         return None
-    return g["mm"] * 60 + g.get("ss", 0)
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def _int(value: object) -> int | None:
+def _int(value: str) -> int | None:
     """Read an integer answer; engines pass numbers as strings (cookiecutter, cruft)."""
     try:
-        return int(str(value).strip())
+        return int(value.strip())
     except ValueError:
         return None
 
 
-def _one_line_text(field: str, value: str, *, required: bool = True) -> str:
-    if required and not value.strip():
+def _one_line_text(field: str, value: str) -> str:
+    if not value.strip():
         return _say(field, value, "must not be empty")
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         return _say(field, value, "must be a single line without control characters")
-    if len(value) > 200:
-        return _say(field, value, "must be at most 200 characters")
+    if len(value) > MAX_TEXT:
+        return _say(field, value, f"must be at most {MAX_TEXT} characters")
+    return ""
+
+
+def check_project_slug(value: str) -> str:
+    """A lowercase identifier that shadows nothing the project imports."""
+    if not _SLUG.fullmatch(value):
+        rule = "must be a lowercase Python identifier (a-z, 0-9, _; starting with a letter)"
+    elif keyword.iskeyword(value) or keyword.issoftkeyword(value):
+        rule = "is a Python keyword"
+    elif value in sys.stdlib_module_names:
+        rule = "would shadow the standard-library module"
+    elif value in PROJECT_DEPENDENCIES:
+        rule = "would shadow a package the project depends on"
+    elif len(value) > MAX_SLUG:
+        rule = f"must be at most {MAX_SLUG} characters"
+    else:
+        return ""
+    return _say("project_slug", value, rule)
+
+
+def check_email(field: str, value: str, *, optional: bool = False) -> str:
+    """An address of the usual name@domain.tld shape (empty allowed when optional)."""
+    if (optional and not value) or _EMAIL.fullmatch(value):
+        return ""
+    return _say(
+        field, value, ("must be empty or " if optional else "must ") + "look like name@example.org"
+    )
+
+
+def check_account(value: str) -> str:
+    """Empty (the cluster's default account) or a safe Slurm name."""
+    if value and not _ACCOUNT.fullmatch(value):
+        return _say("account", value, "may hold only letters, digits, '.', '_' and '-'")
+    return ""
+
+
+def check_partition(value: str) -> str:
+    """One partition name or a comma-separated list of them."""
+    if not _PARTITION.fullmatch(value):
+        rule = "must be partition names of letters, digits, '.', '_', ':', '-' separated by ','"
+        return _say("partition", value, rule)
+    return ""
+
+
+def check_whole_number(field: str, value: str, low: int, high: int) -> str:
+    """A whole number within [low, high]."""
+    number = _int(value)
+    if number is None or not low <= number <= high:
+        return _say(field, value, f"must be a whole number from {low} to {high}")
+    return ""
+
+
+def check_memory(value: str) -> str:
+    """A Slurm memory size such as 64G (0 asks for all of a node's memory)."""
+    if not _MEMORY.fullmatch(value):
+        return _say("memory", value, "must be a Slurm size: a whole number with K, M, G or T")
     return ""
 
 
@@ -114,140 +198,63 @@ def _partitions_of(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> li
     return [declared[n] for n in names if n in declared]
 
 
-def check_project_name(value: str, answers: Mapping, presets: Mapping) -> str:
-    return _one_line_text("project_name", value)
-
-
-def check_project_slug(value: str, answers: Mapping, presets: Mapping) -> str:
-    if not _SLUG.fullmatch(value):
-        return _say(
-            "project_slug",
-            value,
-            "must be a lowercase Python identifier (a-z, 0-9, _; starting with a letter)",
-        )
-    if keyword.iskeyword(value) or keyword.issoftkeyword(value):
-        return _say("project_slug", value, "is a Python keyword")
-    if value in sys.stdlib_module_names:
-        return _say("project_slug", value, "would shadow the standard-library module")
-    if value in PROJECT_DEPENDENCIES:
-        return _say("project_slug", value, "would shadow a package the project depends on")
-    if len(value) > 50:
-        return _say("project_slug", value, "must be at most 50 characters")
-    return ""
-
-
-def check_description(value: str, answers: Mapping, presets: Mapping) -> str:
-    return _one_line_text("description", value)
-
-
-def check_author_name(value: str, answers: Mapping, presets: Mapping) -> str:
-    return _one_line_text("author_name", value)
-
-
-def check_author_email(value: str, answers: Mapping, presets: Mapping) -> str:
-    if not _EMAIL.fullmatch(value):
-        return _say("author_email", value, "must look like name@example.org")
-    return ""
-
-
-def check_account(value: str, answers: Mapping, presets: Mapping) -> str:
-    if value and not _ACCOUNT.fullmatch(value):
-        return _say("account", value, "may hold only letters, digits, '.', '_' and '-'")
-    return ""
-
-
-def check_partition(value: str, answers: Mapping, presets: Mapping) -> str:
-    if not _PARTITION.fullmatch(value):
-        return _say(
-            "partition",
-            value,
-            "must be partition names of letters, digits, '.', '_', ':', '-' separated by ','",
-        )
-    return ""
-
-
-def check_nodes(value: str, answers: Mapping, presets: Mapping) -> str:
-    nodes = _int(value)
-    if nodes is None or not 1 <= nodes <= MAX_NODES:
-        return _say("nodes", value, f"must be a whole number from 1 to {MAX_NODES}")
-    return ""
-
-
-def check_gpus_per_node(value: str, answers: Mapping, presets: Mapping) -> str:
-    gpus = _int(value)
-    if gpus is None or gpus < 1:
-        return _say("gpus_per_node", value, "must be a whole number of at least 1")
+def check_gpus_per_node(value: str, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
+    """At least one GPU, and no more than the preset's node of that partition holds."""
+    if message := check_whole_number("gpus_per_node", value, 1, MAX_GPUS):
+        return message
     limits = [p["gpus_per_node"] for p in _partitions_of(answers, presets)]
-    if limits and gpus > min(limits):
-        return _say(
-            "gpus_per_node",
-            value,
-            f"exceeds the {min(limits)} GPUs per node of partition {answers.get('partition')}"
-            f" in preset {answers.get('cluster')}",
-        )
+    if limits and int(value) > min(limits):
+        where = f"partition {answers.get('partition')} in preset {answers.get('cluster')}"
+        return _say("gpus_per_node", value, f"exceeds the {min(limits)} GPUs per node of {where}")
     return ""
 
 
-def check_cpus_per_gpu(value: str, answers: Mapping, presets: Mapping) -> str:
-    cpus = _int(value)
-    if cpus is None or not 1 <= cpus <= MAX_CPUS_PER_GPU:
-        return _say("cpus_per_gpu", value, f"must be a whole number from 1 to {MAX_CPUS_PER_GPU}")
-    return ""
-
-
-def check_memory(value: str, answers: Mapping, presets: Mapping) -> str:
-    if not _MEMORY.fullmatch(value):
-        return _say("memory", value, "must be a Slurm size: a whole number with K, M, G or T")
-    return ""
-
-
-def check_time_limit(value: str, answers: Mapping, presets: Mapping) -> str:
+def check_time_limit(value: str, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
+    """A Slurm time of at least a minute, within the preset partition's maximum."""
     seconds = parse_time(value)
     if seconds is None:
         return _say("time_limit", value, f"is not a Slurm time ({_TIME_FORMATS})")
-    if seconds < 60:
+    if seconds < MIN_TIME:
         return _say("time_limit", value, "must be at least one minute")
     for limits in _partitions_of(answers, presets):
         if seconds > (parse_time(limits["max_time"]) or 0):
-            return _say(
-                "time_limit",
-                value,
-                f"exceeds the maximum {limits['max_time']} of partition "
-                f"{answers.get('partition')} in preset {answers.get('cluster')}",
-            )
+            where = f"partition {answers.get('partition')} in preset {answers.get('cluster')}"
+            return _say("time_limit", value, f"exceeds the maximum {limits['max_time']} of {where}")
     return ""
 
 
-def check_mail(value: str, answers: Mapping, presets: Mapping) -> str:
-    if value and not _EMAIL.fullmatch(value):
-        return _say("mail", value, "must be empty or look like name@example.org")
-    return ""
-
-
-RULES: dict[str, Callable[[str, Mapping, Mapping], str]] = {
-    "project_name": check_project_name,
+# Field -> rule. Rules in CONTEXT_RULES also see the answers so far and the presets.
+RULES: dict[str, Callable[[str], str]] = {
+    "project_name": lambda v: _one_line_text("project_name", v),
     "project_slug": check_project_slug,
-    "description": check_description,
-    "author_name": check_author_name,
-    "author_email": check_author_email,
+    "description": lambda v: _one_line_text("description", v),
+    "author_name": lambda v: _one_line_text("author_name", v),
+    "author_email": lambda v: check_email("author_email", v),
     "account": check_account,
     "partition": check_partition,
-    "nodes": check_nodes,
-    "gpus_per_node": check_gpus_per_node,
-    "cpus_per_gpu": check_cpus_per_gpu,
+    "nodes": lambda v: check_whole_number("nodes", v, 1, MAX_NODES),
+    "cpus_per_gpu": lambda v: check_whole_number("cpus_per_gpu", v, 1, MAX_CPUS_PER_GPU),
     "memory": check_memory,
+    "mail": lambda v: check_email("mail", v, optional=True),
+}
+CONTEXT_RULES: dict[str, Callable[[str, Mapping[str, Any], Mapping[str, Any]], str]] = {
+    "gpus_per_node": check_gpus_per_node,
     "time_limit": check_time_limit,
-    "mail": check_mail,
 }
 # Answers that reach shell scripts unquoted (#SBATCH lines, which Slurm never expands).
-SHELL_WORDS = ("account", "partition", "nodes", "gpus_per_node", "cpus_per_gpu", "memory",
-               "time_limit", "mail", "project_slug")
+SHELL_WORDS = (
+    "account", "partition", "nodes", "gpus_per_node", "cpus_per_gpu", "memory",
+    "time_limit", "mail", "project_slug",
+)  # fmt: skip
 
 
-def check(field: str, value: object, answers: Mapping, presets: Mapping) -> str:
+def check(field: str, value: object, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
     """Run the rule of one field; the shell-safety rule backs up every shell word."""
     text = str(value)
-    message = RULES[field](text, answers, presets) if field in RULES else ""
+    if field in CONTEXT_RULES:
+        message = CONTEXT_RULES[field](text, answers, presets)
+    else:
+        message = RULES[field](text) if field in RULES else ""
     if not message and field in SHELL_WORDS and _SHELL_SPECIAL & set(text):
         message = _say(field, text, "must not contain quotes, spaces or shell metacharacters")
     return message
@@ -258,35 +265,26 @@ def validate(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> list[str
     return [m for field in answers if (m := check(field, answers[field], answers, presets))]
 
 
-def load_presets(folder: Path) -> dict[str, dict]:
-    """Read ``presets/<name>.toml`` files into a dict keyed by preset name."""
-    return {p.stem: tomllib.loads(p.read_text("utf-8")) for p in sorted(folder.glob("*.toml"))}
+class Validation(Extension):
+    """Copier extension: the ``hpc_check`` and ``slugify`` filters."""
+
+    def __init__(self, environment: Any) -> None:
+        """Register the filters on copier's Jinja environment."""
+        super().__init__(environment)
+        environment.filters["hpc_check"] = _hpc_check
+        # cookiecutter ships a slugify filter; copier does not.
+        environment.filters.setdefault("slugify", _slugify)
 
 
-try:  # copier side: only importable where Jinja is installed, which is always true there.
-    from jinja2 import pass_context
-    from jinja2.ext import Extension
-except ImportError:  # pragma: no cover - cookiecutter always ships Jinja
-    Extension = object  # type: ignore[assignment,misc]
-else:
+@pass_context
+def _hpc_check(context: Any, value: object, field: str) -> str:
+    """Copier validator: the rule's message, with the preset data of the hidden question."""
+    answers = {k: context.get(k) for k in ("cluster", "partition")}
+    return check(field, value, answers, context.get("presets") or {})
 
-    class Validation(Extension):
-        """Copier extension: the ``hpc_check`` and ``slugify`` filters."""
 
-        def __init__(self, environment: Any) -> None:
-            super().__init__(environment)
-            presets = load_presets(Path(__file__).resolve().parent.parent / "presets")
-
-            @pass_context
-            def hpc_check(context: Any, value: object, field: str) -> str:
-                answers = {k: context.get(k) for k in ("cluster", "partition")}
-                return check(field, value, answers, presets)
-
-            def slugify(value: str, separator: str = "_") -> str:
-                return to_slug(value).replace("_", separator)
-
-            environment.filters["hpc_check"] = hpc_check
-            environment.filters.setdefault("slugify", slugify)
+def _slugify(value: str, separator: str = "_") -> str:
+    return to_slug(value).replace("_", separator)
 
 
 def main(answers: dict[str, Any]) -> int:

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from engines import Bake, bake
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +16,10 @@ def git(cwd: Path, *args: str) -> str:
     """Run git with a fixed identity; return stdout, fail the test on error."""
     done = subprocess.run(
         ["git", "-c", "user.name=Test", "-c", "user.email=test@example.org", *args],
-        cwd=cwd, capture_output=True, text=True, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
     return done.stdout
@@ -29,10 +31,16 @@ def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
     copier and cruft read a template from git, so the tests give them a repository that
     holds exactly the working tree, tagged like a release.
     """
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = ROOT / rel
         if src.is_file():

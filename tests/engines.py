@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,13 +35,16 @@ class Bake:
         return self.returncode == 0 and self.project.is_dir()
 
 
-def to_slug(name: str) -> str:
-    """The slug the template derives from a project name (the hook's own function)."""
+def _load_rules() -> ModuleType:
+    """Import the answer rules from the hook file (plain Python but for its main block)."""
     spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
     assert spec and spec.loader
-    rules = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rules)
-    return rules.to_slug(name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rules = _load_rules()
 
 
 def _tool(name: str) -> str:
@@ -50,7 +54,9 @@ def _tool(name: str) -> str:
 
 def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bake:
     """Generate a project with one engine; ``out`` is an empty parent folder."""
-    slug = answers.get("project_slug") or to_slug(answers.get("project_name", "My HPC Project"))
+    slug = answers.get("project_slug") or rules.to_slug(
+        answers.get("project_name", "My HPC Project")
+    )
     out.mkdir(parents=True, exist_ok=True)
     if engine == "cookiecutter":
         args = [_tool("cookiecutter"), "--no-input", "-o", str(out), str(template)]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from engines import BIN, Bake, bake
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,25 +21,48 @@ CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
 COMBINATIONS: dict[str, dict[str, str]] = {
     "defaults": {},
     "generic-conda": {
-        "cluster": "generic", "license": "BSD-3-Clause", "python_version": "3.10",
-        "environment": "conda", "tracking": "tensorboard", "example": "no", "ci": "github",
-        "vscode": "no", "snakemake": "yes", "git_init": "no", "account": "proj_42",
-        "mail": "me@example.org", "nodes": "2", "gpus_per_node": "2", "partition": "gpu",
+        "cluster": "generic",
+        "license": "BSD-3-Clause",
+        "python_version": "3.10",
+        "environment": "conda",
+        "tracking": "tensorboard",
+        "example": "no",
+        "ci": "github",
+        "vscode": "no",
+        "snakemake": "yes",
+        "git_init": "no",
+        "account": "proj_42",
+        "mail": "me@example.org",
+        "nodes": "2",
+        "gpus_per_node": "2",
+        "partition": "gpu",
     },
     "grete-apptainer": {
-        "license": "Apache-2.0", "python_version": "3.12", "environment": "apptainer",
-        "ci": "none", "snakemake": "yes", "partition": "grete:shared", "gpus_per_node": "8",
+        "license": "Apache-2.0",
+        "python_version": "3.12",
+        "environment": "apptainer",
+        "ci": "none",
+        "snakemake": "yes",
+        "partition": "grete:shared",
+        "gpus_per_node": "8",
         "time_limit": "2-00:00:00",
     },
     "generic-proprietary": {
-        "cluster": "generic", "license": "proprietary", "python_version": "3.13",
-        "tracking": "tensorboard", "example": "no", "vscode": "no", "project_name": "Tiny Net",
-        "time_limit": "30", "memory": "0",
+        "cluster": "generic",
+        "license": "proprietary",
+        "python_version": "3.13",
+        "tracking": "tensorboard",
+        "example": "no",
+        "vscode": "no",
+        "project_name": "Tiny Net",
+        "time_limit": "30",
+        "memory": "0",
     },
 }
 
 _CONDITION = re.compile(
-    r"\{% if cookiecutter\.(?P<field>\w+) (?P<op>==|!=) '(?P<value>[^']*)' %\}(?P<name>[^{]+)\{% endif %\}"
+    r"\{% if cookiecutter\.(?P<field>\w+) (?P<op>==|!=) '(?P<value>[^']*)' %\}"
+    r"(?P<name>[^{]+)\{% endif %\}"
 )
 _LEFTOVER = re.compile(r"(?<![$])\{\{|\{%|(?<![$])\{#")
 
@@ -61,23 +83,26 @@ def expected_files(answers: dict[str, str], slug: str) -> set[str]:
     top = ROOT / PROJECT_DIR
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", PROJECT_DIR],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split("\n")
     for line in filter(None, listed):
         rel = Path(line).relative_to(PROJECT_DIR)
         if not (top / rel).is_file() or rel.name == "{{cookiecutter.__answers}}":
             continue
         parts = []
-        for part in rel.parts:
-            part = re.sub(r"\{\{ ?cookiecutter\.project_slug ?\}\}", slug, part)
-            if "{%" in part:
-                match = _CONDITION.fullmatch(part)
+        for source in rel.parts:
+            name = re.sub(r"\{\{ ?cookiecutter\.project_slug ?\}\}", slug, source)
+            if "{%" in name:
+                match = _CONDITION.fullmatch(name)
                 assert match, f"file-name condition too complex for the test: {rel}"
                 equal = answers[match["field"]] == match["value"]
                 if equal != (match["op"] == "=="):
                     break
-                part = match["name"]
-            parts.append(part)
+                name = match["name"]
+            parts.append(name)
         else:
             wanted.add("/".join(parts))
     return wanted
@@ -100,7 +125,9 @@ def test_combinations_cover_every_choice() -> None:
 
 
 @pytest.fixture(scope="module", params=sorted(COMBINATIONS))
-def baked(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def baked(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     overrides = COMBINATIONS[request.param]
     result = bake("cookiecutter", template, tmp_path_factory.mktemp(request.param), overrides)
     assert result.ok, result.stderr[-3000:]
@@ -116,12 +143,16 @@ def test_license_matches_answer(baked: tuple[Bake, dict[str, str]]) -> None:
     result, answers = baked
     text = (result.project / "LICENSE").read_text("utf-8")
     marker = {
-        "MIT": "MIT License", "BSD-3-Clause": "BSD 3-Clause License",
-        "Apache-2.0": "Apache License", "proprietary": "All rights reserved",
+        "MIT": "MIT License",
+        "BSD-3-Clause": "BSD 3-Clause License",
+        "Apache-2.0": "Apache License",
+        "proprietary": "All rights reserved",
     }[answers["license"]]
     assert marker in text
     meta = tomllib.loads((result.project / "pyproject.toml").read_text("utf-8"))["project"]
-    assert meta.get("license") == (None if answers["license"] == "proprietary" else answers["license"])
+    assert meta.get("license") == (
+        None if answers["license"] == "proprietary" else answers["license"]
+    )
 
 
 def test_no_leftover_jinja(baked: tuple[Bake, dict[str, str]]) -> None:
@@ -140,7 +171,11 @@ def test_ruff_clean(baked: tuple[Bake, dict[str, str]]) -> None:
     result, _ = baked
     for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
         done = subprocess.run(
-            [str(BIN / "ruff"), *args], cwd=result.project, capture_output=True, text=True, check=False
+            [str(BIN / "ruff"), *args],
+            cwd=result.project,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
@@ -168,7 +203,11 @@ def test_config_files_parse(baked: tuple[Bake, dict[str, str]]) -> None:
     for path in result.project.rglob("*"):
         if not path.is_file() or ".git" in path.parts:
             continue
-        text = path.read_text("utf-8") if path.suffix in {".toml", ".yml", ".yaml", ".json", ".cff"} else None
+        text = (
+            path.read_text("utf-8")
+            if path.suffix in {".toml", ".yml", ".yaml", ".json", ".cff"}
+            else None
+        )
         if text is None:
             continue
         if path.suffix == ".toml":
@@ -176,7 +215,7 @@ def test_config_files_parse(baked: tuple[Bake, dict[str, str]]) -> None:
         elif path.suffix == ".json":
             json.loads(strip_json_comments(text) if ".vscode" in path.parts else text)
         else:
-            list(yaml.load_all(text, Loader=_AnyTagLoader))  # noqa: S506 - safe loader subclass
+            list(yaml.load_all(text, Loader=_AnyTagLoader))
         seen += 1
     assert seen >= 1
 
@@ -200,11 +239,16 @@ def shell_scripts(project: Path) -> list[Path]:
 def test_shell_scripts_pass_bash_n_and_shellcheck(baked: tuple[Bake, dict[str, str]]) -> None:
     result, _ = baked
     for script in shell_scripts(result.project):
-        syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+        syntax = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
         assert syntax.returncode == 0, f"{script.name}: {syntax.stderr}"
         lint = subprocess.run(
             [str(BIN / "shellcheck"), "-x", "--shell=bash", str(script.name)],
-            cwd=script.parent, capture_output=True, text=True, check=False,
+            cwd=script.parent,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert lint.returncode == 0, f"{script.name}:\n{lint.stdout}"
 
@@ -215,11 +259,19 @@ def test_first_commit_only_when_asked(baked: tuple[Bake, dict[str, str]]) -> Non
     assert has_repo == (answers["git_init"] == "yes")
     if has_repo:
         log = subprocess.run(
-            ["git", "log", "--format=%an <%ae>|%s"], cwd=result.project, capture_output=True, text=True, check=True
+            ["git", "log", "--format=%an <%ae>|%s"],
+            cwd=result.project,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.splitlines()
         assert log == ["Jane Doe <jane.doe@example.org>|Initial commit from hpc-ml-template"]
         status = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=result.project, capture_output=True, text=True, check=True
+            ["git", "status", "--porcelain"],
+            cwd=result.project,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         assert status == "", "the first commit must hold every generated file"
     assert "Next steps:" in result.stdout

@@ -7,18 +7,20 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from engines import BIN, bake, tree
 from test_bake import COMBINATIONS
 
 ODD = {
-    "project_name": "Jürgen's \"Quoted\" \\ Net ⚡",
+    "project_name": 'Jürgen\'s "Quoted" \\ Net ⚡',
     "project_slug": "odd_net",
     "description": "Ünïcode, 'apostrophes', \"quotes\", back\\slashes & <angles> — all fine",
-    "author_name": "Seán O'Brien \"Bob\" \\ Ünsal",
+    "author_name": 'Seán O\'Brien "Bob" \\ Ünsal',
     "author_email": "sean.o-brien+hpc@uni-goettingen.de",
 }
-CASES = {**{k: COMBINATIONS[k] for k in ("defaults", "generic-conda", "grete-apptainer")}, "odd": ODD}
+CASES = {
+    **{k: COMBINATIONS[k] for k in ("defaults", "generic-conda", "grete-apptainer")},
+    "odd": ODD,
+}
 
 
 def _diff(left: dict[str, bytes], right: dict[str, bytes]) -> list[str]:
@@ -60,6 +62,10 @@ def test_odd_answers_yield_valid_files(template: Path, tmp_path: Path) -> None:
     assert ODD["author_name"] in (result.project / "LICENSE").read_text("utf-8")
     for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
         done = subprocess.run(
-            [str(BIN / "ruff"), *args], cwd=result.project, capture_output=True, text=True, check=False
+            [str(BIN / "ruff"), *args],
+            cwd=result.project,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert done.returncode == 0, done.stdout

@@ -16,7 +16,11 @@ def test_default_project_suite_passes(default_bake: Bake) -> None:
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=project, capture_output=True, text=True, check=False, env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from engines import rules
 from slugify import slugify
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
-assert _spec and _spec.loader
-rules = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rules)
 PRESETS = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_presets"]
 GRETE = {"cluster": "grete", "partition": "grete"}
 
@@ -36,7 +32,9 @@ def test_every_slurm_time_format_parses(text: str, seconds: int) -> None:
     assert rules.parse_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "1:2:3:4", "25:99", "1-24", "1-1:60", "abc", "-5", "1.5", "1-", "1- 2"])
+@pytest.mark.parametrize(
+    "text", ["", "1:2:3:4", "25:99", "1-24", "1-1:60", "abc", "-5", "1.5", "1-", "1- 2"]
+)
 def test_malformed_times_are_rejected(text: str) -> None:
     assert rules.parse_time(text) is None
 
@@ -46,7 +44,10 @@ def test_time_limit_is_checked_against_the_partition_maximum() -> None:
     message = rules.check("time_limit", "2-00:00:01", GRETE, PRESETS)
     assert message.startswith("time_limit '2-00:00:01'") and "2-00:00:00" in message
     # A partition the preset does not declare has no known maximum: only the syntax counts.
-    assert rules.check("time_limit", "9-00:00:00", {"cluster": "grete", "partition": "mine"}, PRESETS) == ""
+    assert (
+        rules.check("time_limit", "9-00:00:00", {"cluster": "grete", "partition": "mine"}, PRESETS)
+        == ""
+    )
 
 
 def test_gpus_are_checked_against_the_preset_node() -> None:
@@ -58,17 +59,33 @@ def test_gpus_are_checked_against_the_preset_node() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["My HPC Project", "Über Net 2", "  spaced  out  ", "Jane's model", "a-b-c", "CamelCase Thing", "x__y"],
+    [
+        "My HPC Project",
+        "Über Net 2",
+        "  spaced  out  ",
+        "Jane's model",
+        "a-b-c",
+        "CamelCase Thing",
+        "x__y",
+    ],
 )
 def test_copier_slug_filter_matches_cookiecutter_slugify(name: str) -> None:
     assert rules.to_slug(name) == slugify(name, separator="_")
 
 
 def test_valid_defaults_pass_every_rule() -> None:
-    answers = {k: v for k, v in json.loads((ROOT / "cookiecutter.json").read_text()).items() if not k.startswith("_")}
+    answers = {
+        k: v
+        for k, v in json.loads((ROOT / "cookiecutter.json").read_text()).items()
+        if not k.startswith("_")
+    }
     answers |= {
-        "project_slug": "my_hpc_project", "partition": "grete", "cpus_per_gpu": "8",
-        "memory": "64G", "time_limit": "12:00:00", "cluster": "grete",
+        "project_slug": "my_hpc_project",
+        "partition": "grete",
+        "cpus_per_gpu": "8",
+        "memory": "64G",
+        "time_limit": "12:00:00",
+        "cluster": "grete",
     }
     answers = {k: v[0] if isinstance(v, list) else v for k, v in answers.items()}
     assert rules.validate(answers, PRESETS) == []

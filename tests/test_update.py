@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from conftest import git, snapshot_template
 from engines import BIN
 
@@ -64,8 +63,16 @@ def test_copier_update_keeps_edits_and_brings_release(tmp_path: Path) -> None:
     template = snapshot_template(tmp_path / "template", tag="v0.1.0")
     project = tmp_path / "heat_sim"
     created = _run(
-        [str(BIN / "copier"), "copy", "--defaults", "--trust", "--quiet",
-         "--data=project_name=Heat Sim", str(template), str(project)],
+        [
+            str(BIN / "copier"),
+            "copy",
+            "--defaults",
+            "--trust",
+            "--quiet",
+            "--data=project_name=Heat Sim",
+            str(template),
+            str(project),
+        ],
         tmp_path,
     )
     assert created.returncode == 0, created.stderr[-2000:]
@@ -87,8 +94,16 @@ def test_copier_update_keeps_edits_and_brings_release(tmp_path: Path) -> None:
 def test_cruft_update_keeps_edits_and_brings_release(tmp_path: Path) -> None:
     template = snapshot_template(tmp_path / "template", tag="v0.1.0")
     created = _run(
-        [str(BIN / "cruft"), "create", "--no-input", "--checkout", "v0.1.0",
-         "--extra-context", '{"project_name": "Heat Sim"}', str(template)],
+        [
+            str(BIN / "cruft"),
+            "create",
+            "--no-input",
+            "--checkout",
+            "v0.1.0",
+            "--extra-context",
+            '{"project_name": "Heat Sim"}',
+            str(template),
+        ],
         tmp_path,
     )
     assert created.returncode == 0, created.stderr[-2000:]

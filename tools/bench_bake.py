@@ -20,24 +20,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import snapshot_template  # noqa: E402
+from cookiecutter.main import cookiecutter  # noqa: E402
+from copier import run_copy  # noqa: E402
 from engines import ENGINES, bake  # noqa: E402
 
 
 def _api_bake(engine: str, template: Path, out: Path) -> None:
     """Bake in this process (no interpreter start); hook output (fd 1) is discarded."""
-    from copier import run_copy
-    from cookiecutter.main import cookiecutter
-
     saved = os.dup(1)
     with open(os.devnull, "w") as sink:  # noqa: PTH123
         os.dup2(sink.fileno(), 1)
         try:
             if engine == "cookiecutter":
-                cookiecutter(str(template), no_input=True, output_dir=str(out),
-                             extra_context={"git_init": "no"})
+                cookiecutter(
+                    str(template),
+                    no_input=True,
+                    output_dir=str(out),
+                    extra_context={"git_init": "no"},
+                )
             else:
-                run_copy(str(template), str(out), data={"git_init": "no"}, defaults=True,
-                         unsafe=True, quiet=True)
+                run_copy(
+                    str(template),
+                    str(out),
+                    data={"git_init": "no"},
+                    defaults=True,
+                    unsafe=True,
+                    quiet=True,
+                )
         finally:
             os.dup2(saved, 1)
             os.close(saved)

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ def load_rules() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_presets(folder: Path) -> dict[str, dict]:
+    """Read ``presets/<name>.toml`` files into a dict keyed by preset name."""
+    return {p.stem: tomllib.loads(p.read_text("utf-8")) for p in sorted(folder.glob("*.toml"))}
 
 
 def synced_cookiecutter(current: dict[str, Any], presets: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +106,7 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
             question["default"] = raw[0]
         else:
             question["default"] = _copier_default(str(raw))
-        if name in rules.RULES:
+        if name in rules.RULES or name in rules.CONTEXT_RULES:
             question["validator"] = f"{{{{ {name} | hpc_check('{name}') }}}}"
         body[name] = question
     # The cookiecutter.* namespace that the template files use, computed, never asked.
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rules = load_rules()
     current = json.loads(COOKIECUTTER_JSON.read_text("utf-8"))
-    cc = synced_cookiecutter(current, rules.load_presets(ROOT / "presets"))
+    cc = synced_cookiecutter(current, load_presets(ROOT / "presets"))
     wanted = {
         COOKIECUTTER_JSON: json.dumps(cc, indent=2, ensure_ascii=False) + "\n",
         COPIER_YML: copier_text(cc, rules),
