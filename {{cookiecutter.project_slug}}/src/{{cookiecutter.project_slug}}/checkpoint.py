@@ -1,0 +1,81 @@
+"""Atomic checkpoint files: `checkpoints/step-<N>.pt`, the newest k kept.
+
+A checkpoint is written to a temporary file in the same directory, flushed to disk and renamed
+over its final name, so a process killed at any moment leaves either the complete new file or
+none; the previous checkpoints are removed only after the new one is in place.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"step-(\d+)\.pt")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """torch.save `obj` to `path` so that `path` is never seen half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the checkpoint files in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return sorted(found)
+
+
+def save(state: dict[str, Any], directory: Path, step: int, keep: int) -> Path:
+    """Write the checkpoint for `step`, then delete all but the newest `keep` ones."""
+    path = directory / f"step-{step:09d}.pt"
+    save_atomic(state, path)
+    for _, old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def remove_stale_tmp(directory: Path) -> None:
+    """Delete temporary files left by a process killed while writing."""
+    if directory.is_dir():
+        for tmp in directory.glob(".step-*.pt.tmp-*"):
+            tmp.unlink(missing_ok=True)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a checkpoint onto the CPU (tensors only; no arbitrary code is unpickled)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_latest(directory: Path) -> dict[str, Any] | None:
+    """Newest checkpoint that loads, or None when there is none (fresh start)."""
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            return load(path)
+        except Exception as err:  # any unreadable file: fall back to the previous one
+            print(
+                f"warning: skipping unreadable checkpoint {path} (step {step}): {err}",
+                file=sys.stderr,
+            )
+    return None

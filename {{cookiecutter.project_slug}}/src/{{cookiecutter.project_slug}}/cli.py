@@ -1,0 +1,130 @@
+"""Command line: `<package> prepare | train | evaluate | doctor | data`.
+
+Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
+Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
+overrides, e.g. `train train.epochs=3 run.name=try1`.
+Exit codes: 0 done, 1 error (one line on stderr), 2 bad usage or configuration,
+3 (`train` only) checkpointed after a stop signal, requeue me.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__, rawdata
+from .config import Config, load_config
+from .errors import ProjectError
+from .manifest import RawDataError
+from .settings import Settings, get_settings
+
+PROG = __package__ or "main"
+
+
+def _config(args: argparse.Namespace, settings: Settings) -> Config:
+    path = args.config
+    if path is None:
+        default = settings.project_root / "configs" / "train.toml"
+        path = default if default.is_file() else None
+    return load_config(path, args.overrides)
+
+
+def _verify_raw(cfg: Config, settings: Settings) -> None:
+    if cfg.data.verify_raw:
+        rawdata.verify_raw(settings.raw_dir, settings.project_root / rawdata.MANIFEST_PATH)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Raw data -> processed tensors with train/val/test splits."""
+    settings = get_settings()
+    cfg = _config(args, settings)
+    _verify_raw(cfg, settings)
+    from .data import load_splits, prepare  # noqa: PLC0415  (imports torch)
+
+    path = prepare(cfg, settings)
+    splits = load_splits(path)
+    print(
+        f"wrote {path}: train {len(splits.train)}, val {len(splits.val)}, "
+        f"test {len(splits.test)} samples of shape {list(splits.input_shape)}, "
+        f"{len(splits.classes)} classes"
+    )
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train or resume; exit 3 after a stop signal (checkpoint written)."""
+    settings = get_settings()
+    cfg = _config(args, settings)
+    from .trainer import train  # noqa: PLC0415  (imports torch)
+
+    return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Test-split loss, accuracy and confusion matrix of a run's latest checkpoint."""
+    settings = get_settings()
+    from .evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
+
+    run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
+    result = evaluate_run(run_dir, settings, args.device)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Environment report; exit 0 even with warnings (they are advice)."""
+    settings = get_settings()
+    cfg = _config(args, settings)
+    from .doctor import run_doctor  # noqa: PLC0415  (imports torch)
+
+    run_doctor(cfg, settings, quick=args.quick)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with all subcommands."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    configured = argparse.ArgumentParser(add_help=False)
+    configured.add_argument(
+        "--config", type=Path, default=None, help="TOML config file (default: configs/train.toml)"
+    )
+    configured.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="override a config value, e.g. train.epochs=5",
+    )
+
+    commands = [
+        ("prepare", cmd_prepare, "turn data/raw into data/processed (seeded splits)"),
+        ("train", cmd_train, "train or resume the run (exit 3: checkpointed, requeue)"),
+        ("doctor", cmd_doctor, "check the environment and flag common mistakes"),
+    ]
+    for name, func, text in commands:
+        command = sub.add_parser(name, parents=[configured], help=text, description=text)
+        command.set_defaults(func=func)
+        if name == "doctor":
+            command.add_argument("--quick", action="store_true", help="skip the speed tests")
+
+    evaluate = sub.add_parser(
+        "evaluate", help="score a run on the test split", description=cmd_evaluate.__doc__
+    )
+    evaluate.add_argument("--run", help="run name under runs/ (default: the newest run)")
+    evaluate.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    rawdata.add_data_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script and `python -m`; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ProjectError, RawDataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)

@@ -1,0 +1,238 @@
+"""Typed configuration: dataclasses, TOML files and `section.key=value` overrides.
+
+The dataclasses below are the single source of every setting and its default; the TOML files in
+`configs/` only override them. Values are type-checked on load, so a typo or a wrong type stops
+the program with one line that names the key, before any data is touched.
+"""
+
+import dataclasses
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass
+class RunConfig:
+    """Naming, seeding, logging and checkpointing of a run."""
+
+    name: str = ""  # empty: RUN_NAME, then the Slurm (array) job id, then a timestamp
+    seed: int = 0
+    deterministic: bool = False  # bit-reproducible kernels; slower on GPUs
+    tracking: str = "csv"  # csv | tensorboard (metrics.csv is always written)
+    progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
+    log_every_steps: int = 50
+    checkpoint_every_steps: int = 0  # 0: only at epoch ends (and on stop signals)
+    checkpoint_every_minutes: float = 30.0  # bounds the work lost to a hard kill; 0: off
+    keep_checkpoints: int = 3
+    max_steps_this_segment: int = 0  # >0: checkpoint and exit 0 after this many steps
+    figures: bool = True
+
+
+@dataclass
+class DataConfig:
+    """Where the data comes from and how batches are fed to the model."""
+
+    dataset: str = "digits"  # digits (the shipped example) | custom (your reader in data.py)
+    verify_raw: bool = True  # check data/raw against its manifest before reading it
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    split_seed: int = 0
+    in_memory: str = "auto"  # auto | yes | no: batches sliced from device tensors
+    in_memory_max_gb: float = 4.0  # "auto" uses the fast path up to this size
+    num_workers: int = -1  # DataLoader workers per process; -1: from the CPU allocation
+    prefetch_factor: int = 2
+    stage_to_node_tmp: bool = True  # inside a job, copy processed data to node-local disk
+    node_tmp_var: str = "LOCAL_TMPDIR"  # environment variable naming that disk
+
+
+@dataclass
+class ModelConfig:
+    """Model architecture and how it is compiled."""
+
+    name: str = "mlp"  # mlp | cnn
+    hidden: int = 256  # MLP width
+    depth: int = 2  # MLP hidden layers
+    channels: int = 32  # CNN width
+    dropout: float = 0.1
+    compile: bool = False  # torch.compile: faster steps after a slow first one
+    channels_last: bool = False  # faster convolutions on tensor-core GPUs
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation."""
+
+    epochs: int = 30
+    batch_size: int = 128  # per process; the global batch is this x processes x accumulation
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    schedule: str = "cosine"  # cosine | constant (both after linear warmup)
+    warmup_steps: int = 20
+    grad_accum_steps: int = 1
+    grad_clip: float = 1.0  # max gradient norm; 0: off
+    precision: str = "auto"  # auto (bf16 where supported, else fp32) | bf16 | fp16 | fp32
+    device: str = "auto"  # auto (cuda, mps, cpu) | cuda | mps | cpu
+
+
+@dataclass
+class DistConfig:
+    """Multi-process training (DDP)."""
+
+    backend: str = "auto"  # auto (nccl on CUDA, gloo otherwise) | nccl | gloo
+    timeout_minutes: float = 10.0  # a rank stuck this long aborts instead of hanging
+
+
+@dataclass
+class Config:
+    """The whole configuration of a command."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+
+# Allowed values of the string settings that are choices.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "run.tracking": ("csv", "tensorboard"),
+    "run.progress": ("auto", "bar", "log"),
+    "data.in_memory": ("auto", "yes", "no"),
+    "model.name": ("mlp", "cnn"),
+    "train.schedule": ("cosine", "constant"),
+    "train.precision": ("auto", "bf16", "fp16", "fp32"),
+    "train.device": ("auto", "cuda", "mps", "cpu"),
+    "dist.backend": ("auto", "nccl", "gloo"),
+}
+# Numeric settings that must be positive (> 0); all other numbers must be >= 0,
+# except data.num_workers where -1 means "automatic".
+POSITIVE = {
+    "run.log_every_steps",
+    "run.keep_checkpoints",
+    "train.epochs",
+    "train.batch_size",
+    "train.lr",
+    "train.grad_accum_steps",
+    "data.prefetch_factor",
+    "dist.timeout_minutes",
+}
+
+
+def _sections(cfg: Config) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _coerce(key: str, value: Any, kind: type, from_text: bool) -> Any:
+    """Return `value` as `kind` or raise ConfigError; `from_text`: parse command-line text."""
+    if from_text and kind is not str:
+        text = value.strip().lower()
+        if kind is bool:
+            if text in {"true", "yes", "1", "on"}:
+                return True
+            if text in {"false", "no", "0", "off"}:
+                return False
+        else:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not kind:
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
+    section_name, _, key = dotted.partition(".")
+    sections = _sections(cfg)
+    if section_name not in sections or not key:
+        raise ConfigError(
+            f"unknown config key {dotted!r}: use section.key with a section in {sorted(sections)}"
+        )
+    section = sections[section_name]
+    kinds = {f.name: f.type for f in dataclasses.fields(section)}
+    if key not in kinds:
+        raise ConfigError(f"unknown config key {dotted!r}; [{section_name}] has {sorted(kinds)}")
+    setattr(section, key, _coerce(dotted, value, kinds[key], from_text))
+
+
+def validate(cfg: Config) -> None:
+    """Check choices and ranges; raise ConfigError naming the first bad setting."""
+    for section_name, section in _sections(cfg).items():
+        for f in dataclasses.fields(section):
+            key, value = f"{section_name}.{f.name}", getattr(section, f.name)
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ConfigError(f"{key}: must be one of {list(CHOICES[key])}, got {value!r}")
+            if f.type in {int, float}:
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+                lowest = -1 if key == "data.num_workers" else 0
+                if key in POSITIVE and value <= 0:
+                    raise ConfigError(f"{key}: must be > 0, got {value!r}")
+                if value < lowest:
+                    raise ConfigError(f"{key}: must be >= {lowest}, got {value!r}")
+    if cfg.data.val_fraction + cfg.data.test_fraction >= 1:
+        raise ConfigError("data.val_fraction + data.test_fraction: must be < 1")
+
+
+def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the TOML file (if given), then `section.key=value` overrides."""
+    cfg = Config()
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        for section_name, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")
+            for key, value in table.items():
+                _set(cfg, f"{section_name}.{key}", value)
+    for item in overrides:
+        dotted, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        _set(cfg, dotted.strip(), value, from_text=True)
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Nested plain dict of the configuration."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, dict[str, Any]]) -> Config:
+    """Inverse of `to_dict` (used when reading a run's saved configuration)."""
+    cfg = Config()
+    for section_name, table in data.items():
+        for key, value in table.items():
+            _set(cfg, f"{section_name}.{key}", value)
+    validate(cfg)
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """Render the resolved configuration as TOML (str, int, float and bool values only)."""
+    lines: list[str] = []
+    for section_name, table in to_dict(cfg).items():
+        lines.append(f"[{section_name}]")
+        for key, value in table.items():
+            if isinstance(value, str):
+                text = json.dumps(value)  # JSON escapes are valid TOML basic-string escapes
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
+            else:
+                text = repr(value)
+            lines.append(f"{key} = {text}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Process-group set-up for one process, torchrun, or `srun` with one task per GPU.
+
+The launch mode is read from the environment: torchrun sets RANK/LOCAL_RANK/WORLD_SIZE; `srun`
+sets SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS. Under srun the rendezvous address is the
+first host of SLURM_JOB_NODELIST, parsed here in Python because `scontrol` is often missing
+inside containers, and the port is derived from the job id so every rank computes the same one
+without talking to the others.
+"""
+
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits among all processes of the run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str = "single"  # single | torchrun | slurm
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 does the side effects: logs, figures, checkpoints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process."""
+        return self.world_size > 1
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets: `a[1,2],b` -> [`a[1,2]`, `b`]."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand Slurm's compressed host list, e.g. `gpu[01-03,7],login1` (zero padding kept)."""
+    hosts: list[str] = []
+    for part in _split_top_level(nodelist):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                # Recursion handles a second bracket group such as `n[1-2]-ib[0-1]`.
+                hosts.extend(expand_nodelist(f"{prefix}{number:0{width}d}{suffix}"))
+    return hosts
+
+
+def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
+    """MASTER_ADDR and MASTER_PORT: from the environment, else derived from Slurm's variables."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
+    addr = env.get("MASTER_ADDR") or expand_nodelist(nodelist)[0]
+    if env.get("MASTER_PORT"):
+        return addr, int(env["MASTER_PORT"])
+    # A port in 20000-39999 from the job (and array task) id: the same on every rank, and two
+    # jobs sharing a node collide only if their ids agree in the last four digits.
+    job = int(env.get("SLURM_JOB_ID") or 0) + int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    return addr, 20000 + job % 20000
+
+
+def resolve_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Read this process's rank from torchrun's or srun's variables (single process otherwise)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return DistEnv(
+            rank=int(env["RANK"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            launcher="torchrun",
+        )
+    # SLURM_STEP_NUM_TASKS exists only inside an srun step, not in the batch script itself,
+    # where SLURM_NTASKS alone would make a lone `python` process wait for absent peers.
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
+        world = int(env["SLURM_STEP_NUM_TASKS"])
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        local_world = int(re.match(r"\d+", tasks_per_node).group()) if tasks_per_node else world
+        if world > 1:
+            return DistEnv(
+                rank=int(env["SLURM_PROCID"]),
+                local_rank=int(env.get("SLURM_LOCALID", 0)),
+                world_size=world,
+                local_world_size=local_world,
+                launcher="slurm",
+            )
+    return DistEnv()
+
+
+def init(denv: DistEnv, device: torch.device, backend: str, timeout_minutes: float) -> None:
+    """Join the process group (no-op for a single process). Call set_device before this."""
+    if not denv.distributed:
+        return
+    if denv.launcher == "slurm":
+        addr, port = rendezvous(os.environ)
+        os.environ.setdefault("MASTER_ADDR", addr)
+        os.environ.setdefault("MASTER_PORT", str(port))
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=denv.rank,
+        world_size=denv.world_size,
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def shutdown() -> None:
+    """Leave the process group if one was joined."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    """Wait for all ranks (no-op without a process group)."""
+    if _active():
+        dist.barrier()
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Element-wise: true on every rank where true on at least one rank (one all-reduce)."""
+    if not _active():
+        return flags
+    tensor = torch.tensor([int(f) for f in flags], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def sum_across(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum of `values` over all ranks."""
+    if not _active():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """List of `obj` from every rank, in rank order (on every rank)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def warn_unlaunched(env: Mapping[str, str], denv: DistEnv) -> str | None:
+    """A hint when the job asked for several tasks but this process was not started by srun."""
+    ntasks = int(env.get("SLURM_NTASKS", "1") or 1)
+    if denv.launcher == "single" and ntasks > 1:
+        return (
+            f"SLURM_NTASKS={ntasks} but this process was not started by srun or torchrun; "
+            "training on one process (prefix the command with srun to use all tasks)"
+        )
+    return None

@@ -1,0 +1,51 @@
+"""Models: a multi-layer perceptron and a small convolutional network for image classes.
+
+Add your own model here and a name for it in `build_model` (and in `config.CHOICES`).
+"""
+
+import math
+
+from torch import nn
+
+from .config import ModelConfig
+from .errors import ConfigError
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> nn.Module:
+    """Flatten, then `depth` hidden layers of width `hidden` with GELU and dropout."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for _ in range(cfg.depth):
+        layers += [nn.Linear(width, cfg.hidden), nn.GELU(), nn.Dropout(cfg.dropout)]
+        width = cfg.hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> nn.Module:
+    """Two conv-BN-ReLU blocks with pooling, global average pooling and a linear head."""
+    channels, width = input_shape[0], cfg.channels
+
+    def block(c_in: int, c_out: int) -> list[nn.Module]:
+        return [
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+        ]
+
+    return nn.Sequential(
+        *block(channels, width),
+        nn.MaxPool2d(2),
+        *block(width, 2 * width),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(cfg.dropout),
+        nn.Linear(2 * width, num_classes),
+    )
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model named by `model.name` for inputs of `input_shape`."""
+    if cfg.name == "cnn" and len(input_shape) != 3:
+        raise ConfigError(f"model.name = 'cnn' needs C x H x W inputs, got shape {input_shape}")
+    return {"mlp": mlp, "cnn": cnn}[cfg.name](input_shape, num_classes, cfg)

@@ -1,0 +1,169 @@
+"""Seeing what happens: metrics files, progress output and where the time went.
+
+Only rank 0 creates these objects' files. Progress is a tqdm bar on a terminal and plain,
+grep-able log lines otherwise (Slurm output files), so a job log never fills with bar redraws.
+"""
+
+import contextlib
+import csv
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+FIELDS = ("step", "epoch", "phase", "loss", "accuracy", "lr", "samples_per_s", "elapsed_s")
+
+
+class MetricsLog:
+    """Rows to `metrics.csv` (always) and scalars to TensorBoard (when chosen)."""
+
+    def __init__(self, run_dir: Path, tracking: str, resume_step: int) -> None:
+        """Open the CSV; on resume drop rows logged after the checkpoint being resumed."""
+        self.path = run_dir / "metrics.csv"
+        kept: list[dict[str, str]] = []
+        if resume_step > 0 and self.path.is_file():
+            with self.path.open(newline="") as f:
+                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        self._file = self.path.open("w", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
+        self._csv.writeheader()
+        self._csv.writerows(kept)
+        self._file.flush()
+        self._tb = None
+        if tracking == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+            except ImportError:
+                raise ConfigError(
+                    "run.tracking = 'tensorboard' needs the extra: pip install -e '.[tensorboard]'"
+                ) from None
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step)
+
+    def write(self, **row: Any) -> None:
+        """Append one row; missing fields stay empty."""
+        self._csv.writerow({k: row.get(k, "") for k in FIELDS})
+        self._file.flush()
+        if self._tb is not None:
+            for key in ("loss", "accuracy", "lr", "samples_per_s"):
+                if isinstance(row.get(key), float):
+                    self._tb.add_scalar(f"{row['phase']}/{key}", row[key], row["step"])
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A tqdm bar (terminal) or a log line every `every` steps (files)."""
+
+    def __init__(self, mode: str, total: int, initial: int, every: int, enabled: bool) -> None:
+        """`mode` is run.progress; `enabled` is False on ranks other than 0."""
+        use_bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty())
+        self.every, self.enabled, self.total = every, enabled, total
+        self.bar = None
+        if enabled and use_bar:
+            from tqdm import tqdm  # noqa: PLC0415
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, epoch: int, stats: dict[str, float] | None) -> None:
+        """Advance by one step; `stats` is given on logging steps."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            if stats:
+                self.bar.set_postfix(epoch=epoch, loss=f"{stats['loss']:.4f}", refresh=False)
+        elif stats:
+            print(
+                f"step {step}/{self.total} epoch {epoch} loss {stats['loss']:.4f} "
+                f"lr {stats['lr']:.2e} {stats['samples_per_s']:.0f} samples/s",
+                flush=True,
+            )
+
+    def message(self, text: str) -> None:
+        """A line that does not break the bar."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Timers:
+    """Wall-clock seconds spent per activity of the training loop."""
+
+    def __init__(self) -> None:
+        """All at zero; the clock for the total starts now."""
+        self.seconds = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0}
+        self.start = time.perf_counter()
+        self.gpu_util: list[float] = []
+
+    def add(self, key: str, since: float) -> float:
+        """Add the time since `since` to `key`; return the current time."""
+        now = time.perf_counter()
+        self.seconds[key] += now - since
+        return now
+
+    def sample_gpu(self, device: torch.device) -> None:
+        """Record GPU utilisation from NVML when it is available."""
+        if device.type != "cuda":
+            return
+        # Without NVML (pynvml) this raises; utilisation is then simply not reported.
+        with contextlib.suppress(Exception):
+            self.gpu_util.append(float(torch.cuda.utilization(device)))
+
+    def summary(self, samples: int, device: torch.device) -> dict[str, Any]:
+        """Totals, shares and throughput of this process's segment."""
+        total = time.perf_counter() - self.start
+        train = self.seconds["data"] + self.seconds["compute"]
+        out: dict[str, Any] = {
+            "wall_s": round(total, 3),
+            "samples": samples,
+            "samples_per_s": round(samples / train, 1) if train > 0 else 0.0,
+            **{f"{k}_s": round(v, 3) for k, v in self.seconds.items()},
+            **{
+                f"{k}_share": round(v / total, 4) if total > 0 else 0.0
+                for k, v in self.seconds.items()
+            },
+        }
+        if device.type == "cuda":
+            out["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+            if self.gpu_util:
+                out["gpu_util_mean_pct"] = round(sum(self.gpu_util) / len(self.gpu_util), 1)
+        return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The "where the time went" block printed at the end of `train`."""
+    lines = [
+        "where the time went:",
+        *(
+            f"  {key:<10} {summary[f'{key}_s']:9.2f} s  {100 * summary[f'{key}_share']:5.1f} %"
+            for key in ("data", "compute", "checkpoint", "eval")
+        ),
+        f"  total      {summary['wall_s']:9.2f} s  ({summary['samples_per_s']:.0f} samples/s)",
+    ]
+    if "peak_gpu_mem_gib" in summary:
+        lines.append(f"  peak GPU memory {summary['peak_gpu_mem_gib']:.2f} GiB")
+    if "gpu_util_mean_pct" in summary:
+        lines.append(f"  GPU utilisation (NVML, mean of samples) {summary['gpu_util_mean_pct']} %")
+    busy = summary["data_s"] + summary["compute_s"]
+    if busy > 0 and summary["data_s"] / busy > 0.3:
+        lines.append(
+            "  warning: input-bound, over 30 % of the step time waits for data: raise "
+            "data.num_workers (and --cpus-per-task), use data.in_memory, or stage the data"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Stop signals: the handlers only set a flag; the trainer acts on it at a step boundary.
+
+Slurm sends a signal shortly before the time limit (`#SBATCH --signal=...`) and SIGTERM when it
+preempts or cancels a job. Saving inside a signal handler can catch the model mid-update and
+deadlocks collective calls, so the handler records the request and the training loop, once all
+ranks agree, writes a checkpoint and exits with EXIT_REQUEUE. The job script sees that code and
+requeues the job; the next start resumes from the checkpoint.
+"""
+
+import signal
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_REQUEUE = 3
+"""Exit code of `train` meaning: checkpoint written after a stop signal, please requeue."""
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+class StopRequest:
+    """Remembers whether (and which) stop signal arrived."""
+
+    def __init__(self) -> None:
+        """Start with no request."""
+        self.signal_name: str | None = None
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop signal arrived."""
+        return self.signal_name is not None
+
+    def handle(self, signum: int, _frame: types.FrameType | None) -> None:
+        """Signal handler: set the flag, nothing else."""
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextmanager
+def catch_stop_signals() -> Iterator[StopRequest]:
+    """Install the flag-setting handlers for the duration of a training run, then restore."""
+    request = StopRequest()
+    previous = {sig: signal.signal(sig, request.handle) for sig in STOP_SIGNALS}
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """DataLoader `worker_init_fn`: workers leave stop signals (and Ctrl-C) to the main process.
+
+    Slurm signals every process of a job step; a worker killed by SIGTERM would make the main
+    process fail on its next batch before it could write the checkpoint.
+    """
+    for sig in (*STOP_SIGNALS, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)

@@ -1,0 +1,111 @@
+"""Shared helpers: the package under test, isolated project folders, small data sets.
+
+The package name is read from pyproject.toml, so these tests stay valid if the project is
+renamed. Every test runs with one intra-op thread: the suite runs on small shared CI machines,
+where oversubscribed threads slow tiny models down many times.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
+DIGITS = ROOT / "data" / "raw" / "digits.csv.gz"
+
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+
+def pkg(module: str) -> ModuleType:
+    """A module of the package under test, e.g. pkg("config")."""
+    return importlib.import_module(f"{PACKAGE}.{module}")
+
+
+def run_cli(
+    *args: str, project: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m <package> ...` in a fresh process, with `project` as the project root."""
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=project,
+        env=cli_env(project, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process: package importable, paths below `project`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
+        PROJECT_ROOT=str(project),
+        OMP_NUM_THREADS="1",
+        RUN_NAME="",
+    )
+    env.update(extra or {})
+    return env
+
+
+def synthetic_splits(n: int = 600, features: int = 16, classes: int = 4, seed: int = 0):
+    """Gaussian blobs: learnable, tiny, and available without the example data."""
+    data = pkg("data")
+    g = torch.Generator().manual_seed(seed)
+    centers = 3 * torch.randn(classes, features, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = centers[y] + torch.randn(n, features, generator=g)
+    parts = data.split_indices(n, 0.15, 0.15, seed)
+    return data.Splits(
+        **{k: data.Split(x[idx], y[idx]) for k, idx in parts.items()},
+        classes=[str(c) for c in range(classes)],
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty project root (data/, runs/, reports/ are created below it on demand)."""
+    for var in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "LOCAL_TMPDIR"):
+        monkeypatch.delenv(var, raising=False)
+    for var in list(os.environ):
+        if var.startswith("SLURM_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def digits_project(project: Path) -> Path:
+    """A project root whose data/processed holds the prepared digits example."""
+    if not DIGITS.is_file():
+        pytest.skip("the digits example is not part of this project")
+    raw = project / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw / DIGITS.name).write_bytes(DIGITS.read_bytes())
+    cfg = pkg("config").load_config(None, ["data.verify_raw=false"])
+    pkg("data").prepare(cfg, pkg("settings").get_settings())
+    return project
+
+
+def write_synthetic(project: Path, dataset: str = "custom") -> None:
+    """Store synthetic splits where `train` looks for the processed `dataset`."""
+    splits = synthetic_splits()
+    payload = {
+        name: {"x": getattr(splits, name).x, "y": getattr(splits, name).y}
+        for name in ("train", "val", "test")
+    }
+    payload["classes"] = splits.classes
+    out = project / "data" / "processed" / f"{dataset}.pt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, out)

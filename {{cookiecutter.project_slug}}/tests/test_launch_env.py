@@ -1,0 +1,104 @@
+"""Launch environment: ranks from torchrun or srun, rendezvous from Slurm, CPU budget."""
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from conftest import pkg
+
+distributed = pkg("distributed")
+runtime = pkg("runtime")
+batches = pkg("batches")
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "hosts"),
+    [
+        ("gpu042", ["gpu042"]),
+        ("ggpu[01-03,7]", ["ggpu01", "ggpu02", "ggpu03", "ggpu7"]),
+        ("a[1-2],b3,c[09-11]", ["a1", "a2", "b3", "c09", "c10", "c11"]),
+        ("n[1-2]-ib[0-1]", ["n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"]),
+        ("node[008-010]", ["node008", "node009", "node010"]),
+    ],
+)
+def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
+    assert distributed.expand_nodelist(nodelist) == hosts
+
+
+def test_rendezvous_from_slurm_is_the_same_on_every_rank() -> None:
+    env = {"SLURM_JOB_NODELIST": "ggpu[07-08]", "SLURM_JOB_ID": "1234567"}
+    assert distributed.rendezvous(env) == ("ggpu07", 20000 + 1234567 % 20000)
+    array_task = distributed.rendezvous({**env, "SLURM_ARRAY_TASK_ID": "3"})
+    assert array_task[1] != distributed.rendezvous(env)[1]
+    explicit = {**env, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert distributed.rendezvous(explicit) == ("10.0.0.1", 29500)
+
+
+def test_resolve_env_launchers() -> None:
+    assert distributed.resolve_env({}).launcher == "single"
+    torchrun = distributed.resolve_env(
+        {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    )
+    assert (torchrun.rank, torchrun.local_rank, torchrun.world_size, torchrun.launcher) == (
+        5,
+        1,
+        8,
+        "torchrun",
+    )
+    srun = distributed.resolve_env(
+        {
+            "SLURM_PROCID": "3",
+            "SLURM_LOCALID": "1",
+            "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "SLURM_NTASKS": "4",
+        }
+    )
+    assert (srun.rank, srun.local_rank, srun.world_size, srun.local_world_size) == (3, 1, 4, 2)
+    assert srun.launcher == "slurm"
+
+
+def test_batch_script_without_srun_runs_single_and_says_why() -> None:
+    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}
+    denv = distributed.resolve_env(env)
+    assert denv.launcher == "single"
+    assert "srun" in distributed.warn_unlaunched(env, denv)
+
+
+def test_cpu_budget_follows_the_allocation_not_the_node() -> None:
+    single = distributed.DistEnv()
+    assert runtime.cpus_available({"SLURM_CPUS_PER_TASK": "1"}) == 1
+    assert runtime.default_workers(single, {"SLURM_CPUS_PER_TASK": "1"}) == 0
+    torchrun = distributed.DistEnv(local_world_size=2, world_size=2, launcher="torchrun")
+    cpus = runtime.cpus_available({})
+    assert runtime.cpu_share(torchrun, {}) == max(1, cpus // 2)
+
+
+@pytest.mark.parametrize(("n", "world", "epoch"), [(103, 1, 0), (103, 3, 2), (64, 4, 5)])
+def test_in_memory_order_matches_distributed_sampler(n: int, world: int, epoch: int) -> None:
+    for rank in range(world):
+        sampler = DistributedSampler(
+            range(n), num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=True
+        )
+        sampler.set_epoch(epoch)
+        ours = batches.rank_order(n, seed=7, epoch=epoch, rank=rank, world=world)
+        assert ours.tolist() == list(sampler)
+
+
+def test_both_batch_paths_yield_the_same_batches_and_resume_mid_epoch() -> None:
+    x, y = torch.randn(50, 3), torch.arange(50)
+    denv = distributed.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="torchrun")
+    common = {"batch_size": 4, "denv": denv, "seed": 3, "device": torch.device("cpu")}
+    fast = batches.make_train_batches(
+        x, y, in_memory=True, num_workers=0, prefetch_factor=2, **common
+    )
+    slow = batches.make_train_batches(
+        x, y, in_memory=False, num_workers=0, prefetch_factor=2, **common
+    )
+    assert len(fast) == len(slow) == 6
+    for path in (fast, slow):
+        path.set_epoch(4)
+    full = [b[1].tolist() for b in fast.iterate()]
+    assert full == [b[1].tolist() for b in slow.iterate()]
+    assert [b[1].tolist() for b in slow.iterate(start=4)] == full[4:]
+    assert [b[1].tolist() for b in fast.iterate(start=4)] == full[4:]

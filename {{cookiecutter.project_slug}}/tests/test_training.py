@@ -1,0 +1,142 @@
+"""Training in this process: learning, exact resume, both batch paths, files of a run."""
+
+import csv
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import pkg, synthetic_splits
+
+config = pkg("config")
+trainer = pkg("trainer")
+checkpoint = pkg("checkpoint")
+settings_mod = pkg("settings")
+
+FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=5", "data.verify_raw=false"]
+
+
+def cfg_with(*overrides: str):
+    return config.load_config(None, [*FAST, *overrides])
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    return state["model"]
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
+
+
+def test_example_beats_chance_and_writes_the_run_files(digits_project: Path) -> None:
+    cfg = cfg_with("run.name=example", "train.epochs=8", "run.figures=true")
+    result = trainer.train(cfg)
+    run_dir = digits_project / "runs" / "example"
+    assert result.exit_code == 0
+    assert result.summary["status"] == "finished"
+    assert result.summary["val_accuracy"] > 0.9  # chance is 0.1
+    assert config.load_config(run_dir / "config.toml") == cfg
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 8 * 11
+    with (run_dir / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows if r["phase"] == "val"] == [str(11 * e) for e in range(1, 9)]
+    assert len(checkpoint.list_checkpoints(run_dir / "checkpoints")) == cfg.run.keep_checkpoints
+    figures = digits_project / "reports" / "figures" / "example"
+    assert (figures / "curves.png").stat().st_size > 1000
+    assert (figures / "confusion_matrix.png").stat().st_size > 1000
+
+    code = pkg("cli").main(["evaluate", "--run", "example"])
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    assert code == 0
+    assert evaluation["split"] == "test"
+    assert evaluation["accuracy"] > 0.9
+    assert (figures / "confusion_matrix_test.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["data.in_memory=yes"],
+        ["data.in_memory=no", "data.num_workers=0"],
+        ["train.grad_accum_steps=2"],
+    ],
+    ids=["in-memory", "dataloader", "accumulation"],
+)
+def test_resume_mid_epoch_gives_bit_identical_weights(project: Path, variant: list[str]) -> None:
+    splits = synthetic_splits()  # 420 training samples: 13 batches of 32 per epoch
+    common = [
+        "train.batch_size=32",
+        "train.epochs=3",
+        "model.hidden=32",
+        "run.deterministic=true",
+        *variant,
+    ]
+    trainer.train(cfg_with("run.name=straight", *common), splits)
+
+    # Three segments, each stopping mid-epoch, each resuming from the checkpoint of the last.
+    for _ in range(3):
+        segment = trainer.train(
+            cfg_with("run.name=resumed", "run.max_steps_this_segment=7", *common), splits
+        )
+    assert segment.summary["status"] in {"segment", "finished"}
+    last = trainer.train(cfg_with("run.name=resumed", *common), splits)
+    assert last.summary["status"] == "finished"
+    assert_identical(
+        final_weights(project / "runs" / "straight"), final_weights(project / "runs" / "resumed")
+    )
+
+    with (project / "runs" / "resumed" / "metrics.csv").open() as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r["phase"] == "train"]
+    assert steps == sorted(set(steps))  # no duplicated rows after resuming
+
+
+def test_in_memory_and_dataloader_paths_train_identically(project: Path) -> None:
+    splits = synthetic_splits()
+    common = ["train.batch_size=32", "train.epochs=2", "model.hidden=32"]
+    trainer.train(cfg_with("run.name=fast", "data.in_memory=yes", *common), splits)
+    trainer.train(
+        cfg_with("run.name=loader", "data.in_memory=no", "data.num_workers=0", *common), splits
+    )
+    assert_identical(
+        final_weights(project / "runs" / "fast"), final_weights(project / "runs" / "loader")
+    )
+
+
+def test_segments_and_finished_runs(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    splits = synthetic_splits()
+    cfg = cfg_with(
+        "run.name=seg", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=5"
+    )
+    first = trainer.train(cfg, splits)
+    assert (first.exit_code, first.summary["status"], first.summary["step"]) == (0, "segment", 5)
+    assert "segment done at step 5" in capsys.readouterr().out
+    while trainer.train(cfg, splits).summary["status"] != "finished":
+        pass
+    again = trainer.train(cfg, splits)
+    assert again.summary["step"] == 12  # 6 steps per epoch
+    assert "already finished" in capsys.readouterr().out
+
+
+def test_custom_dataset_says_where_to_plug_in(project: Path) -> None:
+    (project / "data" / "raw").mkdir(parents=True)
+    cfg = cfg_with("data.dataset=custom")
+    with pytest.raises(pkg("errors").DataError, match="read_custom"):
+        pkg("data").prepare(cfg, settings_mod.get_settings())
+
+
+def test_batch_larger_than_data_is_a_config_error(project: Path) -> None:
+    with pytest.raises(pkg("errors").ConfigError, match=r"train\.batch_size"):
+        trainer.train(cfg_with("train.batch_size=4096"), synthetic_splits())
+
+
+def test_lr_schedule_warms_up_then_decays() -> None:
+    factors = [trainer.lr_factor(s, warmup=4, total=20, schedule="cosine") for s in range(20)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in itertools.pairwise(factors[3:]))
+    assert factors[-1] < 0.01
