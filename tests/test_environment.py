@@ -1,0 +1,348 @@
+"""The generated project's working environment: pre-commit, pyproject, CI, Makefile, conda, .env.
+
+Every environment choice (venv, conda, apptainer) is baked with both presets (envcases.py).
+pre-commit runs for real on every bake; its hook environments are installed from the package
+index once and shared through pre-commit's cache ($PRE_COMMIT_HOME, default ~/.cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engines import BIN, Bake
+from envcases import CASES, PRESETS, answers_of, baked, env_dir, pyproject, run, tool, working_copy
+
+REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit"}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+    root = tmp_path_factory.getbasetemp() / "environment-bakes"
+    return baked(request.param, template, root), answers_of(request.param)
+
+
+def _project_env(project: Path) -> dict[str, str | None]:
+    """Environment of a shell where the project is "installed": its src/ on the path.
+
+    The raw-data hook is `language: system` and runs `python -m <slug>...`, as a user does
+    with the project environment active; this test environment has every dependency.
+    """
+    return {"PYTHONPATH": str(project / "src"), "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+
+
+# --- pre-commit -------------------------------------------------------------------------------
+
+
+def _hooks(project: Path) -> list[dict]:
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text("utf-8"))
+    return [hook for repo in config["repos"] for hook in repo["hooks"]]
+
+
+def test_pre_commit_needs_no_code_host(case: tuple[Bake, dict[str, str]]) -> None:
+    result, _ = case
+    config = yaml.safe_load((result.project / ".pre-commit-config.yaml").read_text("utf-8"))
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    pins: dict[str, str] = {}
+    for hook in _hooks(result.project):
+        assert hook["language"] in {"python", "system"}, hook["id"]
+        for requirement in hook.get("additional_dependencies", []):
+            name, _, version = requirement.partition("==")
+            assert version, f"{hook['id']}: {requirement} is not pinned with =="
+            assert pins.setdefault(name, version) == version, f"two pins of {name}"
+    wanted = {"ruff-check", "ruff-format", "nbstripout", "check-added-large-files", "raw-data-guard"}
+    assert wanted <= {hook["id"] for hook in _hooks(result.project)}
+    # The editor and `make format` use the dev extra's ruff: the same version as the hook.
+    dev = pyproject(result.project)["project"]["optional-dependencies"]["dev"]
+    assert f"ruff=={pins['ruff']}" in dev
+
+
+def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+    result, _ = case
+    project = working_copy(result.project, tmp_path)
+    # `make lint` with the test environment standing in for the project's .venv/.conda.
+    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, _project_env(project), timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    for hook in _hooks(project):
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith(hook["name"])), "")
+        assert line.endswith(("Passed", "Skipped")), f"{hook['id']}: {line or 'did not run'}"
+    assert "Passed" in done.stdout
+    changed = run(["git", "status", "--porcelain"], project).stdout
+    assert not [ln for ln in changed.splitlines() if not ln.startswith("A ")], changed
+
+
+def test_pre_commit_catches_real_problems(template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    project = working_copy(result.project, tmp_path)
+    scratch = project / "src" / project.name / "scratch.py"
+    scratch.write_text('"""Scratch."""\n\nimport os\n')
+    (project / "notes.txt").write_text("trailing   \n")
+    (project / "weights.bin").write_bytes(b"\0" * 2_000_000)
+    (project / "id_test").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n")
+    notebook = {
+        "cells": [{"cell_type": "code", "execution_count": 3, "metadata": {}, "source": ["1 + 1"],
+                   "outputs": [{"output_type": "execute_result", "execution_count": 3,
+                                "data": {"text/plain": ["2"]}, "metadata": {}}]}],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
+    }
+    (project / "notebooks" / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
+    run(["git", "add", "-A"], project)
+    done = run([tool("pre-commit"), "run", "--all-files"], project, _project_env(project), timeout=900)
+    assert done.returncode != 0
+    failed = {ln.rsplit(".", 1)[0].rstrip(".") for ln in done.stdout.splitlines() if ln.endswith("Failed")}
+    names = {hook["id"]: hook["name"] for hook in _hooks(project)}
+    for hook_id in ("ruff-check", "trailing-whitespace", "check-added-large-files", "detect-private-key", "nbstripout"):
+        assert names[hook_id] in failed, f"{hook_id} did not fail:\n{done.stdout[-4000:]}"
+    stripped = json.loads((project / "notebooks" / "explore.ipynb").read_text())
+    assert stripped["cells"][0]["outputs"] == []
+    assert "import os" not in scratch.read_text()
+
+
+# --- pyproject ---------------------------------------------------------------------------------
+
+
+def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    done = run([tool("validate-pyproject"), "pyproject.toml"], result.project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = pyproject(result.project)
+    assert data["build-system"]["build-backend"] == "setuptools.build_meta"
+    assert data["project"]["requires-python"] == f">={answers['python_version']}"
+    extras = data["project"]["optional-dependencies"]
+    assert {"dev", "tensorboard"} <= set(extras)
+    assert any(req.startswith("pytest") for req in extras["dev"])
+    assert any(req.startswith("pre-commit") for req in extras["dev"])
+    pytest_cfg = data["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in pytest_cfg["addopts"]
+    assert all((result.project / path).is_dir() for path in pytest_cfg["testpaths"])
+    ruff = data["tool"]["ruff"]
+    assert ruff["target-version"] == "py" + answers["python_version"].replace(".", "")
+    assert {"E", "F", "I", "B", "UP", "D", "S"} <= set(ruff["lint"]["select"])
+
+
+# --- project CI --------------------------------------------------------------------------------
+
+CI_FILES = {"gitlab": ".gitlab-ci.yml", "github": ".github/workflows/ci.yml"}
+SCHEMAS = {"gitlab": "vendor.gitlab-ci", "github": "vendor.github-workflows"}
+
+
+def test_ci_file_matches_answer_and_published_schema(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    present = {ci for ci, path in CI_FILES.items() if (result.project / path).exists()}
+    assert present == ({answers["ci"]} - {"none"})
+    if answers["ci"] == "none":
+        return
+    path = CI_FILES[answers["ci"]]
+    # check-jsonschema ships ("vendors") the published schemas: no download.
+    done = run([tool("check-jsonschema"), "--builtin-schema", SCHEMAS[answers["ci"]], path], result.project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (result.project / path).read_text("utf-8")
+    assert "{%" not in text and "{{ cookiecutter" not in text
+    assert "pre-commit run --all-files" in text
+    # CPU wheels of torch first, then the project with its dev tools, then the tests.
+    torch = text.index("download.pytorch.org/whl/cpu")
+    assert torch < text.index('install -e ".[dev]"') < text.index("pytest")
+    assert answers["python_version"] in text
+    data = yaml.safe_load(text)
+    if answers["ci"] == "gitlab":
+        assert data["variables"]["PIP_CACHE_DIR"].startswith("$CI_PROJECT_DIR/")
+        assert ".cache/pip" in data["test"]["cache"]["paths"]
+        assert ".cache/pre-commit" in data["lint"]["cache"]["paths"]
+    else:
+        steps = data["jobs"]["test"]["steps"]
+        assert any(s.get("with", {}).get("cache") == "pip" for s in steps)
+        assert "${{ github.ref }}" in text
+
+
+# --- Makefile ----------------------------------------------------------------------------------
+
+
+def _help_targets(project: Path) -> dict[str, str]:
+    done = run(["make", "help"], project)
+    assert done.returncode == 0, done.stderr
+    found = re.findall(r"^\s*make (\S+)\s+(.+)$", done.stdout, flags=re.MULTILINE)
+    return dict(found)
+
+
+def test_make_help_documents_every_task(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    targets = _help_targets(result.project)
+    wanted = REQUIRED_TARGETS | ({"container"} if answers["environment"] == "apptainer" else set())
+    assert wanted <= set(targets), targets
+    assert ("container" in targets) == (answers["environment"] == "apptainer")
+    assert run(["make"], result.project).stdout == run(["make", "help"], result.project).stdout
+    for target in targets:
+        dry = run(["make", "-n", target], result.project)
+        assert dry.returncode == 0, f"make -n {target}: {dry.stderr}"
+
+
+def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    slug = result.project.name
+    project = result.project
+
+    def dry(*args: str) -> str:
+        done = run(["make", "-n", *args], project)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    install = dry("install")
+    assert f"{env_dir(answers)}/bin/python" in install or f"--prefix {env_dir(answers)}" in install
+    if answers["environment"] == "conda":
+        assert "--file environment.yml" in install
+    else:
+        assert "-m venv .venv" in install
+        assert "pip install -e '.[dev" in install
+    submit = dry("submit")
+    job = re.search(r"sbatch (\S+)", submit)
+    assert job and (project / job[1]).is_file(), submit
+    train = dry("train", "ARGS=train.epochs=1")
+    assert f"-m {slug} train train.epochs=1" in train
+    if answers["environment"] == "apptainer":
+        assert f"apptainer exec --nv --env PYTHONPATH={project}/src container/{slug}.sif" in train
+        assert "sbatch container/build.sh" in dry("container")
+    assert "pre-commit run --all-files" in dry("lint")
+    assert "-m pytest" in dry("test")
+
+
+# --- conda -------------------------------------------------------------------------------------
+
+
+def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    path = result.project / "environment.yml"
+    assert path.exists() == (answers["environment"] == "conda")
+    if not path.exists():
+        return
+    env = yaml.safe_load(path.read_text("utf-8"))
+    assert env["name"] == result.project.name
+    assert env["channels"][0] == "conda-forge"
+    assert f"python={answers['python_version']}" in env["dependencies"]
+    pip_part = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    match = re.fullmatch(r"--editable \.\[([\w,]+)\]", pip_part[0])
+    assert match, pip_part
+    extras = set(match[1].split(","))
+    assert extras <= set(pyproject(result.project)["project"]["optional-dependencies"])
+    assert ("tensorboard" in extras) == (answers["tracking"] == "tensorboard")
+
+
+# --- README ------------------------------------------------------------------------------------
+
+
+def test_readme_first_screen_has_the_environment_commands(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    readme = (result.project / "README.md").read_text("utf-8")
+    first_block = re.search(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    assert first_block and readme.index("```bash") < 2000, "no command block on the first screen"
+    commands = first_block[1]
+    preset = PRESETS[answers["cluster"]]
+    for module in preset["modules"]:
+        assert f"module load {module}" in commands
+    targets = _help_targets(result.project)
+    for target in re.findall(r"^make (\w+)", commands, flags=re.MULTILINE):
+        assert target in targets, f"README runs `make {target}`, which the Makefile lacks"
+    expected = {
+        "venv": ["make install", "source .venv/bin/activate"],
+        "conda": ["make install", "conda activate ./.conda"],
+        "apptainer": ["make install", "make container"],
+    }[answers["environment"]]
+    for line in expected:
+        assert line in commands, f"{line!r} missing from the first command block"
+
+
+# --- .env --------------------------------------------------------------------------------------
+
+
+def test_env_file_is_ignored_and_documented(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+    result, _ = case
+    project = working_copy(result.project, tmp_path)
+    (project / ".env").write_text("DATA_DIR=/somewhere\n")
+    assert run(["git", "check-ignore", "-q", ".env"], project).returncode == 0
+    assert run(["git", "check-ignore", "-q", ".env.example"], project).returncode == 1
+    assert (project / ".env.example").is_file()
+    # `.env` is read in exactly one module.
+    package = project / "src" / project.name
+    readers = sorted(p.name for p in package.glob("*.py") if "dotenv" in p.read_text("utf-8"))
+    assert readers == ["settings.py"]
+
+
+# Variables set by Slurm or torchrun for the processes they start: not user settings.
+LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+# Runs the project's CLI in-process and records every environment variable that code of the
+# package reads (not torch's or other libraries' reads), for the check against .env.example.
+RECORDER = '''
+import json, os, sys
+package_dir, out = sys.argv[1], sys.argv[2]
+seen = set()
+
+class Recording(type(os.environ)):
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        while frame and frame.f_code.co_filename.endswith(("os.py", "_collections_abc.py")):
+            frame = frame.f_back
+        if frame and frame.f_code.co_filename.startswith(package_dir):
+            seen.add(key)
+        return super().__getitem__(key)
+
+os.environ.__class__ = Recording
+from {slug}.cli import main
+code = main(sys.argv[3:])
+with open(out, "a") as handle:
+    handle.write(json.dumps(sorted(seen)) + "\\n")
+sys.exit(code)
+'''
+
+SECRETS = {
+    "WANDB_API_KEY": "wandb-7f3a9c1e5b2d4f60",
+    "HF_TOKEN": "hf_Qx8ZrLw2VnT5yK9mPc3d",
+    "MY_SERVICE_PASSWORD": "pw-6b1e0c9a4d7f2e85",
+}
+
+
+def test_env_is_loaded_and_secrets_never_printed_or_logged(
+    template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A full prepare/train/evaluate/doctor cycle with secrets in .env leaks none of them."""
+    result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    project = working_copy(result.project, tmp_path)
+    slug = project.name
+    lines = [f"{key}={value}" for key, value in SECRETS.items()]
+    (project / ".env").write_text("\n".join(["RUN_NAME=from-dotenv", *lines]) + "\n")
+    recorder = tmp_path / "record.py"
+    recorder.write_text(RECORDER.replace("{slug}", slug))
+    record = tmp_path / "read.jsonl"
+    package_dir = str(project / "src" / slug)
+    env: dict[str, str | None] = {"PYTHONPATH": str(project / "src")}
+    env |= dict.fromkeys(["PROJECT_ROOT", "RUN_NAME", "DATA_DIR", "RUNS_DIR", *SECRETS], None)
+    outputs = []
+    for args in (
+        ["prepare"],
+        ["train", "train.epochs=1", "run.progress=log", "data.num_workers=0"],
+        ["evaluate", "--device", "cpu"],
+        ["doctor", "--quick"],
+    ):
+        done = run([sys.executable, str(recorder), package_dir, str(record), *args], project, env, timeout=600)
+        assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+        outputs.append(done.stdout + done.stderr)
+    # .env took effect: RUN_NAME from the file named the run.
+    assert (project / "runs" / "from-dotenv" / "metrics.csv").is_file()
+    texts = list(outputs)
+    for folder in ("runs", "reports", "logs"):
+        for path in (project / folder).rglob("*"):
+            if path.is_file():
+                texts.append(path.read_bytes().decode("utf-8", "replace"))
+    for key, secret in SECRETS.items():
+        assert not [t for t in texts if secret in t], f"the value of {key} was printed or written"
+    # Every variable the package read is documented in .env.example.
+    read = set().union(*(json.loads(line) for line in record.read_text().splitlines()))
+    documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=", (project / ".env.example").read_text(), re.MULTILINE))
+    user_settings = {v for v in read if not v.startswith("SLURM_") and v not in LAUNCHER_VARIABLES}
+    assert "RUN_NAME" in read and "PROJECT_ROOT" in read
+    assert user_settings <= documented, f"read but not in .env.example: {sorted(user_settings - documented)}"
