@@ -1,0 +1,94 @@
+"""Raw-data guard in generated projects: shipped manifest, git rules, first freeze/verify.
+
+The guard's behaviour itself is tested by the generated project's own
+`tests/test_rawdata*.py` (run by test_generated_suite.py); these tests check what only the
+template can get wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engines import Bake, bake
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "{{cookiecutter.project_slug}}"
+EXAMPLE = "{% if cookiecutter.example == 'yes' %}"
+SHIPPED_DATA = PROJECT / "data" / "raw" / f"{EXAMPLE}digits.csv.gz{{% endif %}}"
+SHIPPED_MANIFEST = PROJECT / "data" / f"{EXAMPLE}raw.manifest.tsv{{% endif %}}"
+
+
+def test_shipped_manifest_records_the_shipped_example_file() -> None:
+    lines = SHIPPED_MANIFEST.read_text(encoding="utf-8").splitlines()
+    data = SHIPPED_DATA.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    assert lines == ["path\tsize\tmode\tsha256", f"digits.csv.gz\t{len(data)}\t0444\t{digest}"]
+
+
+def ignored(project: Path, *paths: str) -> set[str]:
+    """The subset of ``paths`` that git ignores in ``project``."""
+    if not (project / ".git").exists():
+        subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    command = ["git", "check-ignore", "--no-index", *paths]
+    done = subprocess.run(command, cwd=project, capture_output=True, text=True, check=False)
+    return set(done.stdout.split())
+
+
+DATA_PATHS = (
+    "data/raw/survey.csv",
+    "data/raw/batch1/img.png",
+    "data/interim/x.parquet",
+    "data/processed/digits.pt",
+    "data/external/lexicon.txt",
+    "data/.raw-cache.json",
+    "data/raw.manifest.tsv",
+    "data/README.md",
+    "data/raw/.gitkeep",
+    "data/processed/.gitkeep",
+    "data/raw/digits.csv.gz",
+)
+KEPT = {"data/raw.manifest.tsv", "data/README.md", "data/raw/.gitkeep", "data/processed/.gitkeep"}
+
+
+@pytest.mark.parametrize("example", ["yes", "no"])
+def test_gitignore_keeps_data_out_but_manifest_and_readmes_in(
+    example: str, template: Path, tmp_path: Path
+) -> None:
+    baked = bake("cookiecutter", template, tmp_path, {"example": example, "git_init": "no"})
+    assert baked.ok, baked.stderr
+    kept = KEPT | ({"data/raw/digits.csv.gz"} if example == "yes" else set())
+    assert ignored(baked.project, *DATA_PATHS) == set(DATA_PATHS) - kept
+    assert (baked.project / "data" / "raw.manifest.tsv").exists() == (example == "yes")
+    assert (baked.project / "data" / "README.md").is_file()
+
+
+def data_command(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PROJECT_ROOT": str(project)}
+    env.pop("DATA_DIR", None)
+    command = [sys.executable, "-m", project.name, "data", *args]
+    return subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, check=False
+    )
+
+
+def test_fresh_project_freezes_and_verifies_its_example(default_bake: Bake, tmp_path: Path) -> None:
+    project = tmp_path / default_bake.project.name
+    shutil.copytree(default_bake.project, project, symlinks=True)
+    if (project / ".git").exists():  # git_init=yes: data and manifest are in the first commit
+        listed = subprocess.run(
+            ["git", "ls-files", "data"], cwd=project, capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert {"data/raw/digits.csv.gz", "data/raw.manifest.tsv"} <= set(listed)
+    first = data_command(project, "verify")
+    assert first.returncode == 1  # generated files are writable ...
+    assert first.stdout.startswith("permissions data/raw/digits.csv.gz (mode 0644")
+    freeze = data_command(project, "freeze")  # ... until the first freeze
+    assert freeze.returncode == 0, freeze.stderr
+    assert data_command(project, "verify", "--full").returncode == 0
+    assert (project / "data" / "raw.manifest.tsv").read_bytes() == SHIPPED_MANIFEST.read_bytes()
