@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -69,16 +70,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def partitions_from_presets(preset_dir: Path) -> dict[str, str]:
+def load_presets(preset_dir: Path) -> dict[str, dict]:
+    """The cluster presets of the template, by name."""
+    return {p.stem: tomllib.loads(p.read_text()) for p in sorted(preset_dir.glob("*.toml"))}
+
+
+def partitions_from_presets(presets: dict[str, dict]) -> dict[str, str]:
     """Every partition named in the presets with its max time (batch/interactive included)."""
     parts: dict[str, str] = {}
-    for path in sorted(preset_dir.glob("*.toml")):
-        data = tomllib.loads(path.read_text())
+    for data in presets.values():
         for name, spec in data.get("partitions", {}).items():
             parts[name] = spec.get("max_time", "INFINITE")
         for key in ("batch_partition", "interactive_partition"):
             parts.setdefault(data[key], "INFINITE")
     return parts
+
+
+def gpu_types_from_presets(presets: dict[str, dict]) -> dict[str, int]:
+    """Fake GPU types a node needs for every preset's requests, with a count per type.
+
+    The batch type (e.g. A100) and the interactive one (e.g. a MIG slice `1g.20gb`), as many
+    of each as the largest partition has GPUs per node.
+    """
+    types: dict[str, int] = {}
+    for data in presets.values():
+        count = max([8, *(p.get("gpus_per_node", 0) for p in data.get("partitions", {}).values())])
+        # "--gres=gpu:TYPE:N", "--gpus-per-node=TYPE:N": TYPE when present
+        value = data.get("interactive_gpu_request", "").partition("=")[2].split(":")
+        value = value[1:] if value[0] == "gpu" else value
+        found = [data.get("gpu_type", ""), value[0] if len(value) == 2 else ""]
+        for name in filter(None, found):
+            types[name] = max(types.get(name, 0), count)
+    return types or {"A100": 8}
 
 
 @dataclass
@@ -89,8 +112,7 @@ class LocalSlurm:
     nodes: list[str] = field(default_factory=lambda: [socket.gethostname().split(".")[0]])
     cpus: int = 64
     mem_mb: int = 512_000
-    gpus: int = 8
-    gpu_type: str = "A100"
+    gpus: dict[str, int] = field(default_factory=lambda: {"A100": 8})  # fake GPUs per type
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "INFINITE"})
     pids: dict[str, int] = field(default_factory=dict)
     added_hosts: bool = False
@@ -137,22 +159,24 @@ class LocalSlurm:
         ctld_port = free_port()
         node_lines = []
         gres_lines = []
+        # One fake device file per GPU of a node (all nodes may share them): char devices
+        # identical to /dev/null; gres.conf without File= makes the node invalid.
+        first = 0
+        for gpu_type, count in self.gpus.items():
+            for i in range(first, first + count):
+                dev = Path(FAKE_GPU_DEVICE.format(i))
+                if not dev.exists():
+                    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            files = FAKE_GPU_DEVICE.format(f"[{first}-{first + count - 1}]")
+            gres_lines.append(f"NodeName={','.join(self.nodes)} Name=gpu Type={gpu_type} File={files}")
+            first += count
+        gres = ",".join(f"gpu:{t}:{n}" for t, n in self.gpus.items())
         for name in self.nodes:
-            gres = f" Gres=gpu:{self.gpu_type}:{self.gpus}" if self.gpus else ""
             node_lines.append(
                 f"NodeName={name} NodeHostname={socket.gethostname().split('.')[0]}"
                 f" NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus}"
-                f" RealMemory={self.mem_mb}{gres} State=UNKNOWN"
+                f" RealMemory={self.mem_mb}{' Gres=' + gres if gres else ''} State=UNKNOWN"
             )
-            if self.gpus:
-                for i in range(self.gpus):
-                    dev = Path(FAKE_GPU_DEVICE.format(i))
-                    if not dev.exists():
-                        os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # like /dev/null
-                files = FAKE_GPU_DEVICE.format(f"[0-{self.gpus - 1}]")
-                gres_lines.append(
-                    f"NodeName={name} Name=gpu Type={self.gpu_type} File={files}"
-                )
         part_lines = [
             f"PartitionName={name} Nodes=ALL Default={'YES' if i == 0 else 'NO'}"
             f" MaxTime={max_time} State=UP"
@@ -213,7 +237,7 @@ class LocalSlurm:
     # ------------------------------------------------------------------ lifecycle
     def _spawn(self, key: str, argv: list[str], **kw) -> None:
         log = (self.root / "log" / f"{key}.stderr").open("ab")
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv of system daemons
+        proc = subprocess.Popen(
             argv,
             env={**self.env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             stdin=subprocess.DEVNULL,
@@ -272,7 +296,7 @@ class LocalSlurm:
             group="munge",
             extra_groups=[],
         )
-        self._wait(lambda: sock.exists(), timeout, "munged socket")
+        self._wait(sock.exists, timeout, "munged socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
         for name in self.nodes:
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
@@ -415,7 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(reason, file=sys.stderr)
             return 1
-        cluster = LocalSlurm(root, partitions=partitions_from_presets(args.presets))
+        presets = load_presets(args.presets)
+        cluster = LocalSlurm(
+            root, partitions=partitions_from_presets(presets), gpus=gpu_types_from_presets(presets)
+        )
         if args.nodes:
             cluster.nodes = args.nodes.split(",")
         t0 = time.monotonic()

@@ -1,0 +1,265 @@
+"""The generated job scripts on a real one-node Slurm (Debian's slurmctld/slurmd + munge).
+
+The node is declared like a GPU node (64 CPUs, 8 fake A100 and 8 fake MIG GPUs) and carries
+every partition of every preset, so the scripts run with their generated headers unchanged.
+Training runs on the CPU (torch finds no CUDA device behind the fake GPUs). Timings of the
+requeue round trips are printed (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engines import ROOT, bake
+from slurm.localslurm import LocalSlurm, gpu_types_from_presets, load_presets
+from slurm.localslurm import partitions_from_presets
+from slurm.project import JobProject, make_venv, require_slurm, resumed_step, same_weights
+
+pytestmark = pytest.mark.slurm
+
+PRESETS = load_presets(ROOT / "presets")
+# The runs compared with each other: small, but long enough for a signal to land mid-run.
+SIGNAL_RUN = ("train.epochs=20", "run.figures=false")
+# A probe-slowed first attempt (0.5 s per step, no CPU used): 220 steps would take 110 s.
+SLOW = {"PROBE_STEP_DELAY": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalSlurm]:
+    require_slurm()
+    root = Path(tempfile.mkdtemp(prefix="slurm-jobs-", dir="/tmp"))
+    instance = LocalSlurm(
+        root, partitions=partitions_from_presets(PRESETS), gpus=gpu_types_from_presets(PRESETS)
+    )
+    start = time.monotonic()
+    instance.start()
+    print(f"\nslurm (1 node) up in {time.monotonic() - start:.2f} s")
+    yield instance
+    start = time.monotonic()
+    instance.stop()
+    print(f"\nslurm (1 node) down in {time.monotonic() - start:.2f} s")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def project(cluster: LocalSlurm, template: Path, tmp_path_factory) -> JobProject:
+    """The default bake with its venv and prepared data, as after `make install data`."""
+    baked = bake("cookiecutter", template, tmp_path_factory.mktemp("slurm-default"), {})
+    assert baked.ok, baked.stderr
+    make_venv(baked.project)
+    proj = JobProject(baked.project, cluster)
+    proj.cli("prepare")
+    return proj
+
+
+@pytest.fixture(scope="module")
+def reference(project: JobProject) -> dict:
+    """Final weights of the signal runs' configuration, trained by one unsignalled job."""
+    job = project.sbatch("slurm/train.sbatch", *SIGNAL_RUN, "run.name=reference")
+    info = project.finished(job)
+    assert info["JobState"] == "COMPLETED", project.log(f"{project.slug}-{job}")
+    return project.final_weights("reference")
+
+
+def test_train_job_completes_with_documented_outputs(project: JobProject) -> None:
+    job = project.sbatch("slurm/train.sbatch", "train.epochs=2")
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-{job}")  # logs/%x-%j.out
+    assert info["JobState"] == "COMPLETED", log
+    assert info["ExitCode"] == "0:0"
+    # The generated headers took effect: partition, one fake A100, requeue, append.
+    assert info["Partition"] == "grete"
+    assert info["TresPerNode"] == "gres:gpu:A100:1"
+    assert info["Requeue"] == "1"
+    assert "training step ended with exit code 0" in log
+    assert "via single, device cpu" in log  # the CPU fallback behind a fake GPU
+    run = project.path / "runs" / job  # run name = job id
+    assert (run / "config.toml").is_file()
+    assert project.checkpoints(job)
+    assert (run / "metrics.csv").read_text().count("\n") > 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert summary["step"] == summary["total_steps"] > 0
+    assert list((project.path / "reports" / "figures" / job).glob("*.png"))
+
+
+def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
+    lines = [
+        ln.split()
+        for ln in (project.path / "slurm" / "sweep_params.txt").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    job = project.sbatch("slurm/sweep.sbatch", "train.epochs=1", "run.figures=false")
+    assert project.cluster.job(f"{job}_0").get("ArrayTaskThrottle") == "2"
+    most_running = 0
+    while project.cluster.run("squeue", "-h", "-j", job, check=False).stdout.strip():
+        running = project.cluster.run("squeue", "-h", "-j", job, "-t", "R", check=False).stdout
+        most_running = max(most_running, len(running.split("\n")) - 1)
+        time.sleep(0.2)
+    assert 1 <= most_running <= 2  # the %2 throttle
+    for task, overrides in enumerate(lines):
+        info = project.cluster.job(f"{job}_{task}")
+        log = project.log(f"{project.slug}-sweep-{job}_{task}")  # logs/%x-%A_%a.out
+        assert info["JobState"] == "COMPLETED", log
+        config = tomllib.loads((project.path / "runs" / f"{job}_{task}" / "config.toml").read_text())
+        for override in overrides:
+            key, value = override.split("=")
+            section, name = key.split(".")
+            assert config[section][name] == type(config[section][name])(value), (task, key)
+        assert f"sweep task {task} of {len(lines)}" in log
+        summary = json.loads((project.path / "runs" / f"{job}_{task}" / "summary.json").read_text())
+        assert summary["status"] == "finished"
+
+
+def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
+    res = project.run(
+        "slurm/chain.sh", "3", "run.name=chained", "train.epochs=3",
+        "run.max_steps_this_segment=11", "run.figures=false",
+    )
+    assert res.returncode == 0, res.stderr
+    jobs = res.stdout.split()
+    assert len(jobs) == 3 and all(j.isdigit() for j in jobs)
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        dependency = project.cluster.job(after)["Dependency"]
+        assert dependency.startswith(f"afterany:{before}") or dependency == "(null)"
+    infos = [project.finished(j) for j in jobs]
+    logs = [project.log(f"{project.slug}-{j}") for j in jobs]
+    assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs
+    # In order: each segment starts once the previous one has ended.
+    for prev, nxt in zip(infos, infos[1:], strict=False):
+        assert nxt["StartTime"] >= prev["EndTime"]
+    assert [resumed_step(log) for log in logs] == [None, 11, 22]
+    assert "segment done at step 11" in logs[0] and "segment done at step 22" in logs[1]
+    summary = json.loads((project.path / "runs" / "chained" / "summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("finished", 33)
+
+
+def _wait_resumed(project: JobProject, name: str, timeout: float = 120) -> float:
+    start = time.monotonic()
+    project.wait_for("resume", lambda: resumed_step(project.log(name)) is not None, timeout)
+    return time.monotonic() - start
+
+
+def test_usr1_checkpoints_requeues_and_resumes_identically(
+    project: JobProject, reference: dict
+) -> None:
+    job = project.sbatch("slurm/train.sbatch", *SIGNAL_RUN, "run.name=usr1", **SLOW)
+    name = f"{project.slug}-{job}"
+    project.wait_for("first checkpoint", lambda: project.checkpoints("usr1"), 60)
+    signalled = time.monotonic()
+    project.cluster.run("scancel", "--signal=USR1", "--batch", job)
+    round_trip = _wait_resumed(project, name)
+    info = project.finished(job)
+    log = project.log(name)
+    print(f"\nrequeue round trip (scancel --signal=USR1 -> resumed): {round_trip:.1f} s;"
+          f" job total {time.monotonic() - signalled:.1f} s after the signal")
+    assert info["JobState"] == "COMPLETED", log
+    assert info["Restarts"] == "1"
+    assert "received SIGUSR1" in log
+    assert f"requeueing {job} (requeue 1 of at most 20)" in log
+    assert "restart 1," in log  # the second start sees SLURM_RESTART_COUNT=1
+    assert 0 < resumed_step(log) < 220
+    assert same_weights(project.final_weights("usr1"), reference)
+
+
+def test_time_limit_signal_requeues_and_resumes_identically(
+    project: JobProject, reference: dict
+) -> None:
+    # A real limit: 2 minutes, USR1 70 s before it; slurmctld checks limits every ~30 s, so
+    # the signal arrives 20-50 s after the start, while the slowed first attempt still runs.
+    start = time.monotonic()
+    job = project.sbatch(
+        "--time=00:02:00", "--signal=B:USR1@70", "slurm/train.sbatch", *SIGNAL_RUN,
+        "run.name=timelimit", **SLOW,
+    )
+    name = f"{project.slug}-{job}"
+    project.wait_for("USR1 from the time limit", lambda: "received SIGUSR1" in project.log(name),
+                     110)
+    signal_after = time.monotonic() - start
+    round_trip = _wait_resumed(project, name)
+    info = project.finished(job)
+    log = project.log(name)
+    print(f"\ntime-limit signal after {signal_after:.0f} s; requeue round trip {round_trip:.1f} s")
+    assert info["JobState"] == "COMPLETED", log
+    assert info["Restarts"] == "1"
+    assert "restart 1," in log
+    assert 0 < resumed_step(log) < 220
+    assert same_weights(project.final_weights("timelimit"), reference)
+
+
+def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) -> None:
+    # A stand-in nvitop on PATH: the GPU view must pick it and run inside the job's allocation.
+    fake = tmp_path / "bin" / "nvitop"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/bash\necho "nvitop on $SLURMD_NODENAME in job $SLURM_JOB_ID"\n')
+    fake.chmod(0o755)
+    env = project.env(**SLOW)
+    job = project.sbatch("slurm/train.sbatch", "run.name=monitored", "run.figures=false", **SLOW)
+    project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING", 60)
+    env["PATH"] = f"{fake.parent}:{env['PATH']}"
+    res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert f"in job {job}" in res.stdout
+    env["PATH"] = env["PATH"].split(":", 1)[1]
+    res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
+    assert "neither nvitop nor nvidia-smi" in res.stdout
+    project.wait_for("a log line", lambda: "launch:" in project.log(f"{project.slug}-{job}"))
+    res = project.run("slurm/monitor.sh", "log", job, timeout=60)
+    assert res.returncode == 0 and "launch:" in res.stdout
+    project.cluster.run("scancel", job)
+    project.finished(job)
+    res = project.run("slurm/monitor.sh", "summary", "monitored")
+    assert res.returncode == 0, res.stderr
+    assert "where the time went" in project.log(f"{project.slug}-{job}")  # the trainer's summary
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_interactive_shell_on_the_interactive_partition(
+    cluster: LocalSlurm, template: Path, tmp_path: Path, preset: str
+) -> None:
+    baked = bake("cookiecutter", template, tmp_path, {"cluster": preset})
+    assert baked.ok, baked.stderr
+    proj = JobProject(baked.project, cluster)
+    shell = tmp_path / "shell"  # stands in for the login shell that srun --pty would start
+    shell.write_text(
+        "#!/bin/bash\n"
+        'echo "partition=$SLURM_JOB_PARTITION name=$SLURM_JOB_NAME gpus=$CUDA_VISIBLE_DEVICES"\n'
+    )
+    shell.chmod(0o755)
+    res = proj.run("slurm/interactive.sh", "--time=00:05:00", env=proj.env(SHELL=str(shell)))
+    assert res.returncode == 0, res.stderr
+    wanted = PRESETS[preset]["interactive_partition"]
+    assert re.search(rf"partition={re.escape(wanted)} name=interactive gpus=\d", res.stdout)
+
+
+TEST_ONLY_CASES = {
+    "default": {},
+    "full-node": {"gpus_per_node": "4", "account": "proj01", "mail": "jane@example.org"},
+    "conda": {"environment": "conda", "time_limit": "1-00:00:00"},
+    "apptainer": {"environment": "apptainer", "time_limit": "45"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(TEST_ONLY_CASES))
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_sbatch_test_only_accepts_every_script(
+    cluster: LocalSlurm, template: Path, tmp_path: Path, preset: str, case: str
+) -> None:
+    answers = {"cluster": preset, **TEST_ONLY_CASES[case]}
+    baked = bake("cookiecutter", template, tmp_path, answers)
+    assert baked.ok, baked.stderr
+    scripts = sorted((baked.project / "slurm").glob("*.sbatch"))
+    assert [s.name for s in scripts] == ["sweep.sbatch", "train.sbatch"]
+    for script in scripts:
+        res = cluster.run("sbatch", "--test-only", str(script), cwd=baked.project, check=False)
+        assert res.returncode == 0, f"{script.name}: {res.stderr}"
+        assert "to start at" in res.stderr, res.stderr
