@@ -1,0 +1,216 @@
+"""Docs as tests: run the tutorial's tested steps in order on a freshly generated project.
+
+In docs/tutorial.md a code block after `<!-- run -->` is executed (bash, in the folder the
+previous block ended in), and a `text` block after `<!-- expect -->` holds output that must
+appear: each of its non-empty lines, in order, inside the output lines (stdout and stderr
+together). Numbers match any number and `…` matches anything, so timings, paths and losses
+may differ while the words, the order and the shape must not. Steps that need a cluster
+carry no marker and are not run; the test stands in for the tutorial's environment step by
+putting the project's command on PATH (`python -m <slug>` with `src/` on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TUTORIAL = ROOT / "docs" / "tutorial.md"
+RUN, EXPECT = "<!-- run -->", "<!-- expect -->"
+TESTED_TAG = "▶ tested"
+SLUG = "digits_workshop"  # the slug of the tutorial's project name
+STEP_TIMEOUT = 240
+
+
+@dataclass
+class Step:
+    """One executed block of the tutorial."""
+
+    line: int  # 1-based line of the run marker
+    section: str
+    command: str
+    expected: list[str] = field(default_factory=list)
+
+
+def _fenced(lines: list[str], start: int) -> tuple[str, list[str], int]:
+    """The fenced block at the first non-blank line from ``start``: (info, body, next line)."""
+    i = start
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    assert i < len(lines), f"line {start + 1}: a marker without a code block after it"
+    opening = lines[i].strip()
+    assert opening.startswith("```"), f"line {i + 1}: expected a code fence, got {opening!r}"
+    body: list[str] = []
+    i += 1
+    while lines[i].strip() != "```":
+        body.append(lines[i])
+        i += 1
+    return opening[3:].strip(), body, i + 1
+
+
+def parse_steps(text: str) -> list[Step]:
+    """The run blocks of the tutorial with their expected output, in document order."""
+    lines = text.splitlines()
+    steps: list[Step] = []
+    section = ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if line.strip() == RUN:
+            info, body, i = _fenced(lines, i + 1)
+            assert info == "bash", f"line {i}: a run block must be bash, not {info!r}"
+            steps.append(Step(line=i, section=section, command="\n".join(body)))
+            continue
+        if line.strip() == EXPECT:
+            assert steps, f"line {i + 1}: expected output before any run block"
+            info, body, i = _fenced(lines, i + 1)
+            assert info == "text", f"line {i}: an expect block must be text, not {info!r}"
+            steps[-1].expected = [b for b in body if b.strip()]
+            continue
+        i += 1
+    return steps
+
+
+_NUMBER = re.compile(r"\d+(\.\d+)?([eE][+-]?\d+)?")
+
+
+def _normal(text: str) -> str:
+    return " ".join(_NUMBER.sub("#", text).split())
+
+
+def missing_lines(expected: list[str], output: str) -> list[str]:
+    """Expected lines not found, in order, in the output (see the module docstring)."""
+    out = [_normal(line) for line in output.splitlines()]
+    missing: list[str] = []
+    cursor = 0
+    for want in expected:
+        parts = [p for p in (_normal(part) for part in want.split("…")) if p]
+        for index in range(cursor, len(out)):
+            position = 0
+            for part in parts:
+                position = out[index].find(part, position)
+                if position < 0:
+                    break
+                position += len(part)
+            else:
+                cursor = index + 1
+                break
+        else:
+            missing.append(want)
+    return missing
+
+
+STEPS = parse_steps(TUTORIAL.read_text("utf-8"))
+
+
+class Tutorial:
+    """Runs the steps in order, once per test session, remembering each one's outcome."""
+
+    def __init__(self, template: Path, work: Path) -> None:
+        """Prepare a home, a bin folder with the project's command and a working folder."""
+        self.template = template
+        self.cwd = work / "work"
+        self.cwd.mkdir()
+        home, bindir = work / "home", work / "bin"
+        home.mkdir()
+        bindir.mkdir()
+        command = bindir / SLUG
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {SLUG} "$@"\n', "utf-8")
+        command.chmod(0o755)
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYTHON"))}
+        self.env = {
+            **keep,
+            "HOME": str(home),
+            "PATH": f"{bindir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONPATH": str(self.cwd / SLUG / "src"),
+            "PYTHONUNBUFFERED": "1",
+            "MPLBACKEND": "Agg",
+            "GIT_TERMINAL_PROMPT": "0",
+        }
+        self.state = work / "pwd"
+        self.results: list[subprocess.CompletedProcess[str]] = []
+
+    def run_through(self, index: int) -> subprocess.CompletedProcess[str]:
+        """Run every step up to ``index`` not yet run; return that step's outcome."""
+        while len(self.results) <= index:
+            step = STEPS[len(self.results)]
+            if self.results and self.results[-1].returncode != 0:
+                pytest.fail(f"an earlier step (line {STEPS[len(self.results) - 1].line}) failed")
+            script = step.command.replace("<template-url>", str(self.template))
+            script += f'\n__rc=$?\npwd > "{self.state}"\nexit $__rc\n'
+            done = subprocess.run(
+                ["bash", "-c", script],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,  # one stream, in the order it was written
+                text=True,
+                timeout=STEP_TIMEOUT,
+                check=False,
+            )
+            self.cwd = Path(self.state.read_text("utf-8").strip())
+            self.results.append(done)
+        return self.results[index]
+
+
+@pytest.fixture(scope="module")
+def tutorial(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Tutorial:
+    return Tutorial(template, tmp_path_factory.mktemp("tutorial"))
+
+
+def test_tutorial_has_tested_steps() -> None:
+    assert len(STEPS) >= 8
+    assert all(step.expected for step in STEPS), "every run block shows its expected output"
+
+
+def test_sections_are_labelled_by_what_runs() -> None:
+    """A section is tagged '▶ tested' exactly when it has run blocks."""
+    text = TUTORIAL.read_text("utf-8")
+    headings = [line[3:].strip() for line in text.splitlines() if line.startswith("## ")]
+    with_runs = {step.section for step in STEPS}
+    for heading in headings:
+        if heading in with_runs:
+            assert TESTED_TAG in heading or "tested twin" in heading, heading
+        else:
+            assert TESTED_TAG not in heading, f"{heading!r} is tagged but runs nothing"
+
+
+def test_matcher_is_strict_about_words_and_order() -> None:
+    output = "run a: resumed from step 100 (epoch 9)\nwhere the time went:\n"
+    assert missing_lines(["run …: resumed from step 7 (epoch 1)", "where the time"], output) == []
+    assert missing_lines(["where the time", "resumed from"], output) == ["resumed from"]
+    assert missing_lines(["started fresh"], output) == ["started fresh"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "index", range(len(STEPS)), ids=[f"line{s.line}-{s.command.split()[0]}" for s in STEPS]
+)
+def test_step(tutorial: Tutorial, index: int) -> None:
+    step = STEPS[index]
+    done = tutorial.run_through(index)
+    assert done.returncode == 0, f"line {step.line}: exit {done.returncode}\n{done.stdout}"
+    missing = missing_lines(step.expected, done.stdout)
+    assert not missing, f"line {step.line}: not in the output: {missing}\n--- output\n{done.stdout}"
+
+
+@pytest.mark.slow
+def test_tutorial_model_is_trained_resumed_and_evaluated(tutorial: Tutorial) -> None:
+    tutorial.run_through(len(STEPS) - 1)
+    project = tutorial.cwd
+    assert project.name == SLUG
+    summary = json.loads((project / "runs/digits/summary.json").read_text("utf-8"))
+    evaluation = json.loads((project / "runs/digits/evaluation.json").read_text("utf-8"))
+    assert summary["status"] == "finished"
+    assert summary["step"] == summary["total_steps"]
+    assert evaluation["accuracy"] > 0.9  # chance is 0.1
+    assert (project / "reports/figures/digits/confusion_matrix_test.png").stat().st_size > 0
