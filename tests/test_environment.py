@@ -285,7 +285,7 @@ seen = set()
 class Recording(type(os.environ)):
     def __getitem__(self, key):
         frame = sys._getframe(1)
-        while frame and frame.f_globals.get("__name__") in ("os", "_collections_abc"):
+        while frame and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
             frame = frame.f_back
         if frame and frame.f_code.co_filename.startswith(package_dir):
             seen.add(key)
