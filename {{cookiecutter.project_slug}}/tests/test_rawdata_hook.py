@@ -1,7 +1,8 @@
 """The `raw-data-guard` pre-commit hook with real git, real pre-commit and real commits.
 
-The hook definition is taken from the project's own `.pre-commit-config.yaml`, so these tests
-also prove that the shipped entry runs offline (`repo: local`, `language: system`).
+The hook definition is taken from the project's own `.pre-commit-config.yaml`, entry and all;
+only its environment is this test's Python (`language: system`) instead of one that
+pre-commit would build from the package index, so the tests run offline.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def guard_only_config() -> str:
     hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
     guard = [hook for hook in hooks if hook["id"] == "raw-data-guard"]
     assert len(guard) == 1, "raw-data-guard missing from .pre-commit-config.yaml"
+    guard[0]["language"] = "system"
+    guard[0].pop("additional_dependencies", None)
     return yaml.safe_dump({"repos": [{"repo": "local", "hooks": guard}]})
 
 
@@ -64,10 +67,8 @@ def make_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gitignore: str) -
     project = tmp_path / "project"
     project.mkdir()
     bin_dir = str(Path(sys.executable).parent)
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     for name, value in {
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),  # the hook's `python`
-        "PYTHONPATH": pythonpath,
         "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
         "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_CONFIG_NOSYSTEM": "1",
@@ -83,6 +84,7 @@ def make_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gitignore: str) -
     for rel, text in FILES.items():
         write(project / "data" / "raw" / rel, text)
     (project / ".pre-commit-config.yaml").write_text(guard_only_config(), encoding="utf-8")
+    (project / "src").symlink_to(ROOT / "src")  # the hook imports the package from src/
     (project / ".gitignore").write_text(gitignore, encoding="utf-8")
     assert git(project, "init", "-q", "-b", "main").returncode == 0
     install = [sys.executable, "-m", "pre_commit", "install"]

@@ -10,7 +10,8 @@ manifest, passes only if
 
 The hook reads the staged changes from git itself (``always_run``, no file names), because
 pre-commit leaves deleted files out of the names it passes to hooks.
-Run it as ``python -m <package>.rawdata_hook`` with the project environment active.
+pre-commit runs it as ``python -m <package>.rawdata_hook`` with ``src`` on the path; it
+needs only tqdm and python-dotenv besides the standard library (see .pre-commit-config.yaml).
 """
 
 from __future__ import annotations
@@ -76,11 +77,7 @@ def check_staged() -> list[str]:
     if manifest_path not in staged:
         if not raw_staged:
             return []
-        return [
-            f"{path} is staged but {manifest_path} is not: run `{__package__} data freeze "
-            f"--update` and `git add {manifest_path}`"
-            for path in raw_staged
-        ]
+        return [f"{path} is staged but {manifest_path} is not" for path in raw_staged]
     try:
         text = _git("show", f":{manifest_path}")
     except RawDataError:
@@ -120,7 +117,8 @@ def main() -> int:
         print(f"  {problem}")
     if len(problems) > _SHOWN:
         print(f"  ... and {len(problems) - _SHOWN} more")
-    print(f"Intended changes: `{__package__} data freeze --update`, then stage the manifest.")
+    manifest = MANIFEST_PATH.as_posix()
+    print(f"If intended: `{__package__} data freeze --update` and `git add {manifest}`.")
     return 1
 
 
