@@ -62,8 +62,13 @@ def write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def make_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gitignore: str) -> Path:
-    """A git repository with frozen raw data and its manifest committed, the guard installed."""
+def make_repo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gitignore: str, *, writable: bool = False
+) -> Path:
+    """A git repository with frozen raw data and its manifest committed, the guard installed.
+
+    ``writable`` leaves the raw files writable, as in a fresh clone or generated project.
+    """
     project = tmp_path / "project"
     project.mkdir()
     bin_dir = str(Path(sys.executable).parent)
@@ -90,6 +95,9 @@ def make_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gitignore: str) -
     install = [sys.executable, "-m", "pre_commit", "install"]
     subprocess.run(install, cwd=project, check=True, capture_output=True)
     rawdata.freeze(project / "data" / "raw", project / rawdata.MANIFEST_PATH, update=False)
+    if writable:
+        for rel in FILES:
+            (project / "data" / "raw" / rel).chmod(0o644)
     git(project, "add", "-A")
     first = commit(project, "Frozen raw data")
     assert first.returncode == 0, first.stdout
@@ -190,3 +198,15 @@ def test_git_ignored_raw_data_is_checked_on_disk(ignored_repo: Path) -> None:
     accepted = commit(repo, "Record new.csv")
     assert accepted.returncode == 0, accepted.stdout
     assert "new.csv" in git(repo, "show", "HEAD:data/raw.manifest.tsv").stdout
+
+
+def test_writable_files_of_a_fresh_checkout_commit_fine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Permissions are no part of a commit: only content must match the manifest."""
+    repo = make_repo(tmp_path, monkeypatch, "/data/.raw-cache.json\n", writable=True)
+    assert git(repo, "ls-files", "data").stdout.split() == [
+        "data/raw.manifest.tsv",
+        "data/raw/images/0001.txt",
+        "data/raw/labels.csv",
+    ]

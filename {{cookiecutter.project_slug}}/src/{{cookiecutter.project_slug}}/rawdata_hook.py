@@ -5,8 +5,11 @@ manifest, passes only if
 
 1. the manifest is part of the same commit,
 2. every raw file tracked by git is recorded in the staged manifest with the staged content,
-3. the raw folder on disk (tracked or git-ignored files alike) matches the staged manifest,
-   permissions included, which is exactly what ``data freeze --update`` leaves behind.
+3. the content of the raw folder on disk (tracked or git-ignored files alike) matches the
+   staged manifest, which is exactly what ``data freeze --update`` leaves behind.
+
+Permissions are not checked here: git does not commit them, and a fresh clone or ``git
+init`` has writable files that are still the recorded data (``data freeze`` fixes them).
 
 The hook reads the staged changes from git itself (``always_run``, no file names), because
 pre-commit leaves deleted files out of the names it passes to hooks.
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from .manifest import RawDataError, parse_manifest
-from .rawdata import IGNORED_NAMES, MANIFEST_PATH, compare, default_paths
+from .rawdata import IGNORED_NAMES, MANIFEST_PATH, PERMISSIONS, compare, default_paths
 
 _SHOWN = 10  # problems listed before "and N more"
 
@@ -100,6 +103,7 @@ def check_staged() -> list[str]:
     problems.extend(
         f"{change.describe(raw_dir)} (against the staged {manifest_path})"
         for change in compare(raw_dir, expected)
+        if change.kind != PERMISSIONS
     )
     return problems
 
