@@ -8,6 +8,7 @@ requeue round trips are printed (run with -s to see them).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -18,10 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from engines import ROOT, bake
-from slurm.localslurm import LocalSlurm, gpu_types_from_presets, load_presets
-from slurm.localslurm import partitions_from_presets
+from slurm.localslurm import (
+    LocalSlurm,
+    gpu_types_from_presets,
+    load_presets,
+    partitions_from_presets,
+)
 from slurm.project import JobProject, make_venv, require_slurm, resumed_step, same_weights
 
 pytestmark = pytest.mark.slurm
@@ -110,7 +114,9 @@ def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
         info = project.cluster.job(f"{job}_{task}")
         log = project.log(f"{project.slug}-sweep-{job}_{task}")  # logs/%x-%A_%a.out
         assert info["JobState"] == "COMPLETED", log
-        config = tomllib.loads((project.path / "runs" / f"{job}_{task}" / "config.toml").read_text())
+        config = tomllib.loads(
+            (project.path / "runs" / f"{job}_{task}" / "config.toml").read_text()
+        )
         for override in overrides:
             key, value = override.split("=")
             section, name = key.split(".")
@@ -122,20 +128,24 @@ def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
 
 def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     res = project.run(
-        "slurm/chain.sh", "3", "run.name=chained", "train.epochs=3",
-        "run.max_steps_this_segment=11", "run.figures=false",
+        "slurm/chain.sh",
+        "3",
+        "run.name=chained",
+        "train.epochs=3",
+        "run.max_steps_this_segment=11",
+        "run.figures=false",
     )
     assert res.returncode == 0, res.stderr
     jobs = res.stdout.split()
     assert len(jobs) == 3 and all(j.isdigit() for j in jobs)
-    for before, after in zip(jobs, jobs[1:], strict=False):
+    for before, after in itertools.pairwise(jobs):
         dependency = project.cluster.job(after)["Dependency"]
         assert dependency.startswith(f"afterany:{before}") or dependency == "(null)"
     infos = [project.finished(j) for j in jobs]
     logs = [project.log(f"{project.slug}-{j}") for j in jobs]
     assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs
     # In order: each segment starts once the previous one has ended.
-    for prev, nxt in zip(infos, infos[1:], strict=False):
+    for prev, nxt in itertools.pairwise(infos):
         assert nxt["StartTime"] >= prev["EndTime"]
     assert [resumed_step(log) for log in logs] == [None, 11, 22]
     assert "segment done at step 11" in logs[0] and "segment done at step 22" in logs[1]
@@ -160,8 +170,10 @@ def test_usr1_checkpoints_requeues_and_resumes_identically(
     round_trip = _wait_resumed(project, name)
     info = project.finished(job)
     log = project.log(name)
-    print(f"\nrequeue round trip (scancel --signal=USR1 -> resumed): {round_trip:.1f} s;"
-          f" job total {time.monotonic() - signalled:.1f} s after the signal")
+    print(
+        f"\nrequeue round trip (scancel --signal=USR1 -> resumed): {round_trip:.1f} s;"
+        f" job total {time.monotonic() - signalled:.1f} s after the signal"
+    )
     assert info["JobState"] == "COMPLETED", log
     assert info["Restarts"] == "1"
     assert "received SIGUSR1" in log
@@ -178,12 +190,17 @@ def test_time_limit_signal_requeues_and_resumes_identically(
     # the signal arrives 20-50 s after the start, while the slowed first attempt still runs.
     start = time.monotonic()
     job = project.sbatch(
-        "--time=00:02:00", "--signal=B:USR1@70", "slurm/train.sbatch", *SIGNAL_RUN,
-        "run.name=timelimit", **SLOW,
+        "--time=00:02:00",
+        "--signal=B:USR1@70",
+        "slurm/train.sbatch",
+        *SIGNAL_RUN,
+        "run.name=timelimit",
+        **SLOW,
     )
     name = f"{project.slug}-{job}"
-    project.wait_for("USR1 from the time limit", lambda: "received SIGUSR1" in project.log(name),
-                     110)
+    project.wait_for(
+        "USR1 from the time limit", lambda: "received SIGUSR1" in project.log(name), 110
+    )
     signal_after = time.monotonic() - start
     round_trip = _wait_resumed(project, name)
     info = project.finished(job)
@@ -202,8 +219,9 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     fake.parent.mkdir()
     fake.write_text('#!/bin/bash\necho "nvitop on $SLURMD_NODENAME in job $SLURM_JOB_ID"\n')
     fake.chmod(0o755)
-    env = project.env(**SLOW)
-    job = project.sbatch("slurm/train.sbatch", "run.name=monitored", "run.figures=false", **SLOW)
+    slow = {"PROBE_STEP_DELAY": "0.1"}
+    env = project.env(**slow)
+    job = project.sbatch("slurm/train.sbatch", "run.name=monitored", "run.figures=false", **slow)
     project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING", 60)
     env["PATH"] = f"{fake.parent}:{env['PATH']}"
     res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
@@ -212,14 +230,20 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     env["PATH"] = env["PATH"].split(":", 1)[1]
     res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
     assert "neither nvitop nor nvidia-smi" in res.stdout
-    project.wait_for("a log line", lambda: "launch:" in project.log(f"{project.slug}-{job}"))
+    project.wait_for("a checkpoint", lambda: project.checkpoints("monitored"), 60)
     res = project.run("slurm/monitor.sh", "log", job, timeout=60)
     assert res.returncode == 0 and "launch:" in res.stdout
+    res = project.run("slurm/monitor.sh", "summary", "monitored")
+    assert res.returncode == 0 and "no summary yet" in res.stdout and "samples_per_s" in res.stdout
+    # Cancelled (TERM): the trainer checkpoints and reports; the script does not requeue.
     project.cluster.run("scancel", job)
-    project.finished(job)
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-{job}")
+    assert info["Restarts"] == "0" and "no requeue" in log, log
     res = project.run("slurm/monitor.sh", "summary", "monitored")
     assert res.returncode == 0, res.stderr
-    assert "where the time went" in project.log(f"{project.slug}-{job}")  # the trainer's summary
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "stopped"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

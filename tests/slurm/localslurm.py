@@ -63,6 +63,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def short_hostname() -> str:
+    """This machine's name without the domain (what `hostname -s` prints)."""
+    return socket.gethostname().split(".")[0]
+
+
 def free_port() -> int:
     """A TCP port that is free right now."""
     with socket.socket() as s:
@@ -109,7 +114,7 @@ class LocalSlurm:
     """One Slurm instance rooted at `root` (created, must not be inside a 0700 directory)."""
 
     root: Path
-    nodes: list[str] = field(default_factory=lambda: [socket.gethostname().split(".")[0]])
+    nodes: list[str] = field(default_factory=lambda: [short_hostname()])
     cpus: int = 64
     mem_mb: int = 512_000
     gpus: dict[str, int] = field(default_factory=lambda: {"A100": 8})  # fake GPUs per type
@@ -157,7 +162,6 @@ class LocalSlurm:
         for sub in ("state", "log", "run", *(f"spool-{n}" for n in self.nodes)):
             (self.root / sub).mkdir()
         ctld_port = free_port()
-        node_lines = []
         gres_lines = []
         # One fake device file per GPU of a node (all nodes may share them): char devices
         # identical to /dev/null; gres.conf without File= makes the node invalid.
@@ -168,15 +172,17 @@ class LocalSlurm:
                 if not dev.exists():
                     os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
             files = FAKE_GPU_DEVICE.format(f"[{first}-{first + count - 1}]")
-            gres_lines.append(f"NodeName={','.join(self.nodes)} Name=gpu Type={gpu_type} File={files}")
+            gres_lines.append(
+                f"NodeName={','.join(self.nodes)} Name=gpu Type={gpu_type} File={files}"
+            )
             first += count
         gres = ",".join(f"gpu:{t}:{n}" for t, n in self.gpus.items())
-        for name in self.nodes:
-            node_lines.append(
-                f"NodeName={name} NodeHostname={socket.gethostname().split('.')[0]}"
-                f" NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus}"
-                f" RealMemory={self.mem_mb}{' Gres=' + gres if gres else ''} State=UNKNOWN"
-            )
+        node_lines = [
+            f"NodeName={name} NodeHostname={short_hostname()} NodeAddr=127.0.0.1"
+            f" Port={free_port()} CPUs={self.cpus} RealMemory={self.mem_mb}"
+            f"{' Gres=' + gres if gres else ''} State=UNKNOWN"
+            for name in self.nodes
+        ]
         part_lines = [
             f"PartitionName={name} Nodes=ALL Default={'YES' if i == 0 else 'NO'}"
             f" MaxTime={max_time} State=UP"
@@ -187,7 +193,7 @@ class LocalSlurm:
             "\n".join(
                 [
                     f"ClusterName=local{os.getpid()}",
-                    f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
+                    f"SlurmctldHost={short_hostname()}(127.0.0.1)",
                     f"SlurmctldPort={ctld_port}",
                     "SlurmUser=root",
                     "SlurmdUser=root",
@@ -236,16 +242,16 @@ class LocalSlurm:
 
     # ------------------------------------------------------------------ lifecycle
     def _spawn(self, key: str, argv: list[str], **kw) -> None:
-        log = (self.root / "log" / f"{key}.stderr").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            env={**self.env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            **kw,
-        )
+        with (self.root / "log" / f"{key}.stderr").open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                env={**self.env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # a Ctrl-C in the terminal must not hit the daemons
+                **kw,
+            )
         self.pids[key] = proc.pid
         (self.root / "pids.json").write_text(json.dumps(self.pids))
 
@@ -333,13 +339,13 @@ class LocalSlurm:
             self.pids = json.loads((self.root / "pids.json").read_text())
         ctld = self.pids.get("slurmctld")
         if ctld and _alive(ctld):
-            self.run("scancel", "--full", "--user=root", check=False)
+            # Jobs first: steps outlive a killed slurmd (reparented to PID 1).
             self.run("scancel", "--user=root", check=False)
             end = time.monotonic() + 30
             while time.monotonic() < end and self.run("squeue", "-h", check=False).stdout:
                 time.sleep(0.3)
-        order = [k for k in self.pids if k.startswith("slurmd-")] + ["slurmctld", "munged"]
-        for group in ([k for k in order if k.startswith("slurmd-")], ["slurmctld"], ["munged"]):
+        slurmds = [k for k in self.pids if k.startswith("slurmd-")]
+        for group in (slurmds, ["slurmctld"], ["munged"]):  # each group stops in parallel
             for key in group:
                 if key in self.pids and _alive(self.pids[key]):
                     os.kill(self.pids[key], signal.SIGTERM)
@@ -381,16 +387,6 @@ class LocalSlurm:
             time.sleep(0.3)
         self.run("scancel", job_id, check=False)
         raise TimeoutError(f"job {job_id} still queued after {timeout} s")
-
-    def wait_state(self, job_id: str, states: set[str], timeout: float = 120) -> str:
-        """Block until the job reaches one of `states`; returns the state."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            st = self.state(job_id)
-            if st in states:
-                return st
-            time.sleep(0.2)
-        raise TimeoutError(f"job {job_id} not in {states} after {timeout} s")
 
 
 def _alive(pid: int) -> bool:

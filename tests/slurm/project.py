@@ -42,7 +42,9 @@ def make_venv(project: Path) -> Path:
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     site = Path(purelib)
     outer = sysconfig.get_paths()["purelib"]
@@ -76,8 +78,13 @@ class JobProject:
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
         """Run a command in the project root (e.g. a slurm/*.sh script or the venv python)."""
         return subprocess.run(
-            list(args), cwd=self.path, env=env or self.env(), capture_output=True, text=True,
-            timeout=timeout, check=False,
+            list(args),
+            cwd=self.path,
+            env=env or self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -113,12 +120,16 @@ class JobProject:
         """The run's checkpoint files, oldest first."""
         return sorted((self.path / "runs" / run / "checkpoints").glob("*.pt"))
 
-    def final_weights(self, run: str) -> dict:
-        """Model weights in the run's latest checkpoint."""
+    @staticmethod
+    def weights(checkpoint: Path) -> dict:
+        """Model weights in one checkpoint file."""
         import torch  # noqa: PLC0415 - heavy, only for the tests that compare weights
 
-        latest = self.checkpoints(run)[-1]
-        return torch.load(latest, map_location="cpu", weights_only=False)["model"]
+        return torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+
+    def final_weights(self, run: str) -> dict:
+        """Model weights in the run's latest checkpoint."""
+        return self.weights(self.checkpoints(run)[-1])
 
 
 def same_weights(a: dict, b: dict) -> bool:
