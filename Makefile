@@ -29,7 +29,7 @@ demo: $(STAMP) ## Bake the default project into build/demo and run its example e
 	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate run.name=demo
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate --run demo
 	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
