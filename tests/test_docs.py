@@ -1,0 +1,466 @@
+"""The documentation: builds strictly, never goes stale, and agrees with the code.
+
+- the site builds with `mkdocs build --strict` (broken links and anchors inside it fail),
+  offline (no plugin that fetches, no web fonts);
+- the options reference is exactly what tools/gen_options_doc.py writes now;
+- relative links in the READMEs (template and generated) and the docs point at files;
+- the annotated trees of docs/anatomy.md match real bakes;
+- every `<slug> <command>` shown exists in the generated CLI, and every command line shown
+  in a shell block parses there, with its `key=value` overrides accepted by the config;
+  every `make <target>` shown exists in the Makefile it belongs to; every script path shown
+  exists in a generated project;
+- the generated README shows the first-screen commands of the chosen environment and
+  cluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from engines import Bake, bake
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+SLUGS = {"my_hpc_project", "digits_workshop", "<slug>"}
+# Answers of the extra bakes: every environment, both presets, the optional files.
+VARIANTS = {
+    "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none"},
+    "apptainer-github": {"environment": "apptainer", "ci": "github", "snakemake": "yes"},
+}
+CACHE: dict[str, Any] = {}
+
+
+def load_tool() -> Any:
+    """tools/gen_options_doc.py as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_options_doc", ROOT / "tools/gen_options_doc.py"
+    )
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def variants(template: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Bake]:
+    """The extra bakes, made once for this module."""
+    made = {}
+    for name, answers in VARIANTS.items():
+        made[name] = bake("cookiecutter", template, tmp_path_factory.mktemp(name), answers)
+        assert made[name].ok, made[name].stderr
+    return made
+
+
+@pytest.fixture(scope="module")
+def bakes(default_bake: Bake, variants: dict[str, Bake]) -> dict[str, Bake]:
+    return {"default": default_bake, **variants}
+
+
+# --------------------------------------------------------------------------- markdown parsing
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block, also inside indented tabs."""
+    pattern = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```", re.S | re.M)
+    return [(m.group(2), textwrap.dedent(m.group(3))) for m in pattern.finditer(text)]
+
+
+def inline_code(text: str) -> list[str]:
+    """Every inline code span outside fenced blocks."""
+    outside = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.S | re.M)
+    return re.findall(r"`([^`\n]+)`", outside)
+
+
+def shell_commands(body: str) -> list[list[str]]:
+    """Simple commands of a shell block: continuation lines joined, split at ; && || |."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    commands = []
+    for line in joined.splitlines():
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        current: list[str] = []
+        for word in [*tokens, ";"]:
+            if word in {";", "&&", "||", "|", "&"} or word.endswith(";"):
+                if word.endswith(";") and word != ";":
+                    current.append(word[:-1])
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(word)
+    return commands
+
+
+def links(text: str) -> list[str]:
+    """Targets of Markdown links and images, outside code."""
+    no_code = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.S | re.M)
+    no_code = re.sub(r"`[^`\n]*`", "", no_code)
+    return re.findall(r"\]\(([^)\s]+)\)", no_code)
+
+
+def documents(bakes: dict[str, Bake]) -> dict[str, tuple[Path, str]]:
+    """Every Markdown file the checks cover: name -> (path, text)."""
+    docs = {str(p.relative_to(ROOT)): p for p in [ROOT / "README.md", *PAGES]}
+    for name, baked in bakes.items():
+        for path in [baked.project / "README.md", *sorted((baked.project / "docs").glob("*.md"))]:
+            docs[f"{name}:{path.relative_to(baked.project)}"] = path
+    return {k: (p, p.read_text("utf-8")) for k, p in docs.items()}
+
+
+# --------------------------------------------------------------------------- the site
+
+
+def test_mkdocs_config_stays_offline() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text("utf-8"))
+    assert config["theme"]["name"] == "material"
+    assert config["theme"]["font"] is False, "Google Fonts would be fetched"
+    assert config["plugins"] == ["search"], "social/privacy plugins fetch from the web"
+    assert config.get("strict") is True
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    built = {
+        p.relative_to(tmp_path / "site").with_suffix(".md")
+        for p in (tmp_path / "site").rglob("*.html")
+    }
+    for page in PAGES:
+        assert page.relative_to(DOCS) in built, f"{page} was not built"
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text("utf-8")
+    for page in PAGES:
+        assert str(page.relative_to(DOCS)) in nav, f"{page.relative_to(ROOT)} is missing from nav"
+
+
+def test_options_reference_is_current() -> None:
+    done = subprocess.run(
+        [sys.executable, "tools/gen_options_doc.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_options_reference_has_a_rejected_sample_for_every_rule() -> None:
+    tool = load_tool()
+    rules = tool.load_rules()
+    cc = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    sampled = {field for field, _, _ in tool.SAMPLES}
+    own_rules = set(rules.RULES) | set(getattr(rules, "CONTEXT_RULES", {}))
+    assert own_rules <= sampled, f"no sample bad answer for {sorted(own_rules - sampled)}"
+    for field, value, message in tool.sample_messages(rules, cc):
+        assert message.startswith(f"{field} "), f"{field}={value!r} is accepted now: {message!r}"
+
+
+def test_options_reference_lists_every_question_and_preset() -> None:
+    page = (DOCS / "reference" / "options.md").read_text("utf-8")
+    cc = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    for name in cc:
+        if not name.startswith("_"):
+            assert f"| `{name}` |" in page
+    for preset in cc["_presets"]:
+        assert f"### `{preset}`" in page
+
+
+# --------------------------------------------------------------------------- links
+
+
+def test_relative_links_point_at_files(bakes: dict[str, Bake]) -> None:
+    broken = []
+    for name, (path, text) in documents(bakes).items():
+        for target in links(text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            file_part = target.split("#", 1)[0]
+            if not (path.parent / file_part).exists():
+                broken.append(f"{name}: {target}")
+    assert not broken, broken
+
+
+def test_links_into_the_docs_name_existing_headings() -> None:
+    """Anchors of links between pages, checked here too so the message names the link."""
+
+    def anchors(page: Path) -> set[str]:
+        heads = re.findall(r"^#+ (.+)$", page.read_text("utf-8"), flags=re.M)
+        slugs = set()
+        for head in heads:
+            slug = re.sub(r"[^\w\- ]", "", head.lower()).strip()
+            slugs.add(re.sub(r"[\s]+", "-", slug))
+        return slugs
+
+    broken = []
+    for page in PAGES:
+        for target in links(page.read_text("utf-8")):
+            if "#" not in target or re.match(r"^[a-z]+:", target):
+                continue
+            file_part, anchor = target.split("#", 1)
+            dest = (page.parent / file_part) if file_part else page
+            if dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+# --------------------------------------------------------------------------- anatomy trees
+
+
+def parse_tree(body: str) -> tuple[set[str], set[str]]:
+    """(paths listed, folders whose listing is partial) of an annotated tree block."""
+    paths: set[str] = set()
+    partial: set[str] = set()
+    stack: list[str] = []
+    for line in body.splitlines()[1:]:  # the first line is the project folder
+        match = re.match(r"^([│├└─\s]*)(\S+)", line)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 4
+        name = match.group(2)
+        del stack[depth - 1 :]
+        if name == "…":
+            partial.add("/".join(stack))
+            continue
+        stack.append(name.rstrip("/"))
+        paths.add("/".join(stack))
+    return paths, partial
+
+
+def baked_paths(project: Path) -> set[str]:
+    """Files of a bake and the folders holding them, without git and engine bookkeeping.
+
+    (cookiecutter leaves an empty folder where every file has a false name condition.)
+    """
+    skip = {".git", ".copier-answers.yml", ".cruft.json"}
+    files = [
+        p.relative_to(project)
+        for p in project.rglob("*")
+        if p.is_file() and p.relative_to(project).parts[0] not in skip
+    ]
+    return {f.as_posix() for f in files} | {d.as_posix() for f in files for d in f.parents[:-1]}
+
+
+def tree_blocks() -> list[tuple[dict[str, str], str]]:
+    """(answers, tree) for every `<!-- tree[: answers] -->` block of docs/anatomy.md."""
+    text = (DOCS / "anatomy.md").read_text("utf-8")
+    found = []
+    for match in re.finditer(r"<!-- tree(?::([^>]*))? -->\s*```text\n(.*?)```", text, re.S):
+        answers = dict(item.split("=", 1) for item in (match.group(1) or "").split())
+        found.append((answers, match.group(2)))
+    return found
+
+
+def test_anatomy_default_tree_matches_a_bake(default_bake: Bake) -> None:
+    (answers, body), *_ = tree_blocks()
+    assert answers == {}
+    listed, partial = parse_tree(body)
+    real = baked_paths(default_bake.project)
+    assert not listed - real, f"the page lists files a default bake lacks: {sorted(listed - real)}"
+    unlisted = {
+        p for p in real - listed if not any(p == d or p.startswith(f"{d}/") for d in partial)
+    }
+    assert not unlisted, f"files of a default bake the page does not explain: {sorted(unlisted)}"
+
+
+def test_anatomy_optional_tree_matches_a_bake(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    _, (answers, body), *_ = tree_blocks()
+    baked = bake("cookiecutter", template, tmp_path, answers)
+    assert baked.ok, baked.stderr
+    listed, _ = parse_tree(body)
+    real = baked_paths(baked.project)
+    assert not listed - real, sorted(listed - real)
+    extra = real - baked_paths(default_bake.project)
+    assert not extra - listed, f"optional files the page does not explain: {sorted(extra - listed)}"
+
+
+# --------------------------------------------------------------------------- commands
+
+PROBE = r"""
+import json, sys
+from pathlib import Path
+from {slug}.cli import build_parser
+from {slug}.config import load_config
+parser = build_parser()
+sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+results = {{"commands": sorted(sub.choices), "errors": []}}
+for argv in json.loads(sys.argv[1]):
+    try:
+        args = parser.parse_args(argv)
+        overrides = getattr(args, "overrides", None)
+        if overrides:
+            load_config(Path("configs/train.toml"), overrides)
+    except SystemExit as exc:
+        if exc.code:
+            results["errors"].append(" ".join(argv))
+    except Exception as exc:
+        results["errors"].append(" ".join(argv) + ": " + str(exc))
+print(json.dumps(results))
+"""
+
+
+def probe_cli(project: Path, argvs: list[list[str]]) -> dict[str, Any]:
+    """Parse command lines with the baked project's own parser and config loader."""
+    slug = project.name
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(slug=slug), json.dumps(argvs)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _placeholder(token: str) -> bool:
+    return any(mark in token for mark in ("<", ">", "[", "]", "…", "...", "$"))
+
+
+def shown_cli_calls(text: str) -> tuple[set[str], list[list[str]]]:
+    """(subcommands named anywhere, complete argv lists from shell blocks) of one document."""
+    names: set[str] = set()
+    full: list[list[str]] = []
+    for span in inline_code(text):
+        words = span.split()
+        if len(words) > 1 and words[0] in SLUGS and not _placeholder(words[1]):
+            names.add(words[1])
+    for lang, body in fenced_blocks(text):
+        if lang not in {"bash", "sh", "console", "shell"}:
+            continue
+        for words in shell_commands(body):
+            # `python -m <slug> ...` is the same CLI as `<slug> ...`
+            python_m = words[:2] in (["python", "-m"], ["python3", "-m"])
+            command = words[2:] if python_m else words
+            if command and command[0] in SLUGS and len(command) > 1:
+                names.add(command[1])
+                if not any(_placeholder(t) for t in command[1:]):
+                    full.append(command[1:])
+            overrides = [t for t in command if re.fullmatch(r"[a-z_]+\.[a-z_]+=\S+", t)]
+            shown_safe = overrides and not any(_placeholder(t) for t in overrides)
+            if shown_safe and "slurm/" in " ".join(command):
+                full.append(["train", *overrides])
+    return names, full
+
+
+def test_cli_commands_shown_exist_and_parse(bakes: dict[str, Bake]) -> None:
+    names: set[str] = set()
+    full: list[list[str]] = []
+    for _, text in documents(bakes).values():
+        more_names, more_full = shown_cli_calls(text)
+        names |= more_names
+        full += more_full
+    assert len(full) >= 10, "the docs should show runnable commands"
+    result = probe_cli(bakes["default"].project, full)
+    assert not names - set(result["commands"]), (
+        f"unknown commands: {names - set(result['commands'])}"
+    )
+    assert not result["errors"], f"command lines the CLI rejects: {result['errors']}"
+
+
+def make_targets(makefile: Path) -> set[str]:
+    """Targets defined in a (rendered) Makefile."""
+    text = makefile.read_text("utf-8")
+    return set(re.findall(r"^([A-Za-z0-9_.-]+):(?!=)", text, flags=re.M))
+
+
+def shown_make_targets(text: str) -> set[str]:
+    """Targets of every `make <target>` in code of one document."""
+    found = set()
+    spans = inline_code(text) + [b for lang, b in fenced_blocks(text) if lang in {"bash", "sh", ""}]
+    for span in spans:
+        for match in re.finditer(r"(?:^|[\s;&(])make\s+([a-z][\w-]*)", span):
+            found.add(match.group(1))
+    return found
+
+
+def test_make_targets_shown_exist(bakes: dict[str, Bake]) -> None:
+    template_targets = make_targets(ROOT / "Makefile")
+    generated = {name: make_targets(b.project / "Makefile") for name, b in bakes.items()}
+    any_generated = set().union(*generated.values())
+    missing = []
+    for name, (_, text) in documents(bakes).items():
+        shown = shown_make_targets(text)
+        if name in {"README.md", "docs/contributing.md"}:
+            allowed = template_targets
+        elif ":" in name:  # a generated file: its own project's Makefile
+            allowed = generated[name.split(":")[0]]
+        else:
+            allowed = any_generated | template_targets
+        missing += [f"{name}: make {t}" for t in sorted(shown - allowed)]
+    assert not missing, missing
+
+
+def test_script_paths_shown_exist(bakes: dict[str, Bake]) -> None:
+    real = set().union(*(baked_paths(b.project) for b in bakes.values()))
+    missing = []
+    for name, (_, text) in documents(bakes).items():
+        scripts = r"\b((?:slurm|container|configs|workflow)/[\w.-]+\.(?:sh|sbatch|def|toml|ya?ml))"
+        for path in set(re.findall(scripts, text)):
+            generic = path.replace("digits_workshop", "my_hpc_project")
+            artifact = path.endswith(".sif")  # built by `make container`, not generated
+            if generic not in real and not artifact:
+                missing.append(f"{name}: {path}")
+    assert not missing, missing
+
+
+# --------------------------------------------------------------------------- generated README
+
+
+def readme_first_screen(project: Path) -> str:
+    text = (project / "README.md").read_text("utf-8")
+    return fenced_blocks(text)[0][1]
+
+
+def test_generated_readme_first_screen_venv_grete(default_bake: Bake) -> None:
+    screen = readme_first_screen(default_bake.project)
+    lines = [line.split("#")[0].strip() for line in screen.splitlines()]
+    assert lines[:2] == ["module load miniforge3", "module load cuda"]
+    assert "make install" in lines
+    assert "source .venv/bin/activate" in lines
+    assert "sbatch slurm/train.sbatch" in lines
+    text = (default_bake.project / "README.md").read_text("utf-8")
+    assert "ssh glogin-gpu.hpc.gwdg.de" in text
+    assert "{{" not in text
+    assert "{%" not in text
+
+
+def test_generated_readme_first_screen_conda_generic(variants: dict[str, Bake]) -> None:
+    project = variants["conda-generic"].project
+    screen = readme_first_screen(project)
+    assert "module load" not in screen, "the generic preset has no modules"
+    assert "conda activate ./.conda" in screen
+    assert ".venv" not in screen
+    assert "ssh login.example.org" in (project / "README.md").read_text("utf-8")
+
+
+def test_generated_readme_first_screen_apptainer(variants: dict[str, Bake]) -> None:
+    screen = readme_first_screen(variants["apptainer-github"].project)
+    assert "module load apptainer" in screen
+    assert "make container" in screen
