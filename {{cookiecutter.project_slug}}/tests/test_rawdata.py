@@ -73,6 +73,20 @@ def test_freeze_records_every_file_and_removes_write_bits(project: Path) -> None
         assert not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH), rel
 
 
+def test_first_freeze_reports_a_count_not_every_file(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = project / "data" / "raw.manifest.tsv"
+    recorded = manifest.read_bytes()
+    manifest.unlink()
+    code, lines, _ = run_data(capsys, "freeze")
+    assert (code, lines) == (
+        0,
+        ["recorded 4 raw files (0.0 MiB) in data/raw.manifest.tsv, now read-only"],
+    )
+    assert manifest.read_bytes() == recorded
+
+
 def test_untouched_tree_verifies_clean(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert changes(capsys) == (0, ["data/raw: all files match data/raw.manifest.tsv"])
     assert changes(capsys, "--full")[0] == 0

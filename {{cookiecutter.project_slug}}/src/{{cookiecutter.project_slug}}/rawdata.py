@@ -331,11 +331,14 @@ def _run_freeze(args: argparse.Namespace) -> int:
     raw_dir, manifest = _resolve(args)
     had_manifest = manifest.exists()
     changes = freeze(raw_dir, manifest, update=args.update, full=args.full)
+    if not had_manifest:  # every file is new: a count says more than a list of thousands
+        entries = read_manifest(manifest).values()
+        mib = sum(entry.size for entry in entries) / 2**20
+        print(f"recorded {len(entries)} raw files ({mib:.1f} MiB) in {manifest}, now read-only")
+        return 0
     for change in changes:
         print(change.describe(raw_dir))
-    if not had_manifest:
-        print(f"recorded {len(read_manifest(manifest))} raw files in {manifest} (now read-only)")
-    elif args.update:
+    if args.update:
         print(f"{manifest}: {len(changes) or 'no'} change(s) recorded")
     else:
         print(f"{manifest} unchanged; {len(changes)} file(s) made read-only again")
