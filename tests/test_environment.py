@@ -346,3 +346,20 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
     user_settings = {v for v in read if not v.startswith("SLURM_") and v not in LAUNCHER_VARIABLES}
     assert "RUN_NAME" in read and "PROJECT_ROOT" in read
     assert user_settings <= documented, f"read but not in .env.example: {sorted(user_settings - documented)}"
+
+
+# --- the project's own tests -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_project_suite_passes_for_apptainer_on_generic(template: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The generated suite on the bake farthest from the default (test_generated_suite.py).
+
+    Environment and preset change the job scripts, configs and Makefile the suite reads;
+    the Python package is the same for every choice, so one more bake covers the rest.
+    """
+    result = baked("apptainer-generic", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    env = {"PYTHONPATH": str(result.project / "src")}
+    done = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], result.project, env, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1]
