@@ -36,7 +36,7 @@ PAGES = sorted(DOCS.rglob("*.md"))
 SLUGS = {"my_hpc_project", "digits_workshop", "<slug>"}
 # Answers of the extra bakes: every environment, both presets, the optional files.
 VARIANTS = {
-    "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none"},
+    "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none", "example": "no"},
     "apptainer-github": {"environment": "apptainer", "ci": "github", "snakemake": "yes"},
 }
 CACHE: dict[str, Any] = {}
@@ -457,6 +457,9 @@ def test_generated_readme_first_screen_conda_generic(variants: dict[str, Bake]) 
     assert "module load" not in screen, "the generic preset has no modules"
     assert "conda activate ./.conda" in screen
     assert ".venv" not in screen
+    # Without the example, the first screen records the user's data and points at the reader.
+    assert "data freeze --update" in screen
+    assert "read_custom()" in screen
     assert "ssh login.example.org" in (project / "README.md").read_text("utf-8")
 
 
@@ -464,3 +467,15 @@ def test_generated_readme_first_screen_apptainer(variants: dict[str, Bake]) -> N
     screen = readme_first_screen(variants["apptainer-github"].project)
     assert "module load apptainer" in screen
     assert "make container" in screen
+    assert screen.index("make container") < screen.index("sbatch slurm/train.sbatch")
+
+
+def test_generated_readme_states_the_job_of_the_answers(template: Path, tmp_path: Path) -> None:
+    answers = {"cluster": "generic", "nodes": "2", "gpus_per_node": "4", "time_limit": "1-00:00:00"}
+    baked = bake("cookiecutter", template, tmp_path, answers)
+    assert baked.ok, baked.stderr
+    text = " ".join((baked.project / "README.md").read_text("utf-8").split())
+    assert (
+        "The job asks partition `gpu` for 2 nodes with 4 GPUs each for up to `1-00:00:00`" in text
+    )
+    assert "a shell on a GPU of `gpu`" in text
