@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from engines import Bake
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
@@ -214,3 +215,33 @@ def test_tutorial_model_is_trained_resumed_and_evaluated(tutorial: Tutorial) -> 
     assert summary["step"] == summary["total_steps"]
     assert evaluation["accuracy"] > 0.9  # chance is 0.1
     assert (project / "reports/figures/digits/confusion_matrix_test.png").stat().st_size > 0
+
+
+# Phrases of the tutorial's cluster-only output (steps 9 and 10, not executable here) and
+# the generated file that prints each one: a change of wording in the code fails here until
+# the tutorial shows the new output.
+CLUSTER_OUTPUT = [
+    (", restart ", "slurm/common.sh"),
+    ("launch: ", "slurm/common.sh"),
+    ("received SIG", "slurm/common.sh"),
+    ("training step ended with exit code", "slurm/common.sh"),
+    ("requeueing ", "slurm/common.sh"),
+    ("of at most ", "slurm/common.sh"),
+    ("stop signal (", "src/{slug}/trainer.py"),
+    ("): checkpoint at step ", "src/{slug}/trainer.py"),
+    (" written, exit ", "src/{slug}/trainer.py"),
+    (": resumed from step ", "src/{slug}/trainer.py"),
+    (" process(es) via ", "src/{slug}/trainer.py"),
+    ("capability ", "src/{slug}/doctor.py"),
+    ("bf16     supported", "src/{slug}/doctor.py"),
+    (", partition ", "src/{slug}/doctor.py"),
+]
+
+
+def test_cluster_output_shown_matches_the_code(default_bake: Bake) -> None:
+    text = TUTORIAL.read_text("utf-8")
+    project = default_bake.project
+    for phrase, rel in CLUSTER_OUTPUT:
+        source = (project / rel.format(slug=project.name)).read_text("utf-8")
+        assert phrase in text, f"the tutorial no longer shows {phrase!r}: drop it here"
+        assert phrase in source, f"{rel} no longer prints {phrase!r}: update docs/tutorial.md"
