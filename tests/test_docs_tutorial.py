@@ -233,7 +233,7 @@ CLUSTER_OUTPUT = [
     (": resumed from step ", "src/{slug}/trainer.py"),
     (" process(es) via ", "src/{slug}/trainer.py"),
     ("capability ", "src/{slug}/doctor.py"),
-    ("bf16     supported", "src/{slug}/doctor.py"),
+    ("bf16     ", "src/{slug}/doctor.py"),
     (", partition ", "src/{slug}/doctor.py"),
 ]
 
