@@ -421,7 +421,10 @@ def test_script_paths_shown_exist(bakes: dict[str, Bake]) -> None:
     real = set().union(*(baked_paths(b.project) for b in bakes.values()))
     missing = []
     for name, (_, text) in documents(bakes).items():
-        scripts = r"\b((?:slurm|container|configs|workflow)/[\w.-]+\.(?:sh|sbatch|def|toml|ya?ml))"
+        scripts = (
+            r"(?<![\w/.-])((?:slurm|container|configs|workflow)/(?:[\w.-]+/)*"
+            r"(?:[\w.-]+\.(?:sh|sbatch|def|toml|ya?ml)|Snakefile))"
+        )
         for path in set(re.findall(scripts, text)):
             generic = path.replace("digits_workshop", "my_hpc_project")
             artifact = path.endswith(".sif")  # built by `make container`, not generated
