@@ -96,6 +96,19 @@ def test_train_job_completes_with_documented_outputs(project: JobProject) -> Non
     assert list((project.path / "reports" / "figures" / job).glob("*.png"))
 
 
+def test_cpu_only_command_from_the_header_runs_without_a_gpu(project: JobProject) -> None:
+    header = (project.path / "slurm" / "train.sbatch").read_text().splitlines()
+    line = next(ln for ln in header if "without a GPU" in ln)
+    command = line.split(":", 1)[1].split()
+    assert command[:1] == ["sbatch"] and "slurm/train.sbatch" in command
+    job = project.sbatch(*command[1:])
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-{job}")
+    assert info["JobState"] == "COMPLETED", log
+    assert info.get("TresPerNode", "gres:gpu:0") == "gres:gpu:0"  # no GPU allocated
+    assert "device cpu" in log
+
+
 def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
     lines = [
         ln.split()

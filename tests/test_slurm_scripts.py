@@ -1,0 +1,179 @@
+"""The generated Slurm scripts without a cluster: lint, header rules, values kept in sync.
+
+`bash -n` and shellcheck run on every script for a covering set of answers (every environment,
+every preset, account and mail on and off, one and two nodes). The rest checks rules that Slurm
+or the trainer would only reveal at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from engines import BIN, ROOT, bake
+
+PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.toml"))
+ENVIRONMENTS = ("venv", "conda", "apptainer")
+EXTRAS = (
+    {},
+    {"account": "proj-01", "mail": "jane.doe@example.org", "nodes": "2"},
+    {"gpus_per_node": "4", "time_limit": "45"},
+)
+CASES = [
+    {"cluster": preset, "environment": env, **EXTRAS[i % len(EXTRAS)]}
+    for i, (preset, env) in enumerate(itertools.product(PRESETS, ENVIRONMENTS))
+]
+
+
+def _rules():
+    spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
+    assert spec and spec.loader
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    return rules
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c.values()))
+def baked(request, template: Path, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    result = bake("cookiecutter", template, tmp_path_factory.mktemp("scripts"), request.param)
+    assert result.ok, result.stderr
+    return result.project, request.param
+
+
+def scripts(project: Path) -> list[Path]:
+    return sorted(p for p in (project / "slurm").iterdir() if p.suffix in {".sh", ".sbatch"})
+
+
+def test_shell_scripts_pass_bash_n_and_shellcheck(baked) -> None:
+    project, _ = baked
+    found = scripts(project)
+    assert {p.name for p in found} == {
+        "chain.sh",
+        "common.sh",
+        "interactive.sh",
+        "monitor.sh",
+        "sweep.sbatch",
+        "train.sbatch",
+    }
+    for script in found:
+        res = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
+        assert res.returncode == 0, f"{script.name}: {res.stderr}"
+    res = subprocess.run(
+        [str(BIN / "shellcheck"), "-x", *(str(p.relative_to(project)) for p in found)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout
+    for script in found:  # run directly, except the sourced library
+        assert (script.stat().st_mode & 0o111 != 0) == (script.name != "common.sh"), script.name
+
+
+def sbatch_header(script: Path) -> list[str]:
+    """The #SBATCH lines, after checking they all come before the first command."""
+    lines = script.read_text().splitlines()
+    first_command = next(
+        i for i, ln in enumerate(lines) if i > 0 and ln.strip() and not ln.startswith("#")
+    )
+    assert not [ln for ln in lines[first_command:] if ln.startswith("#SBATCH")], script.name
+    return [ln for ln in lines[:first_command] if ln.startswith("#SBATCH")]
+
+
+def test_sbatch_headers_are_literal_and_match_the_answers(baked) -> None:
+    project, answers = baked
+    train = sbatch_header(project / "slurm" / "train.sbatch")
+    sweep = sbatch_header(project / "slurm" / "sweep.sbatch")
+    for line in train + sweep:  # Slurm does not expand anything in #SBATCH lines
+        assert not re.search(r"[$`~\\\"']", line), line
+    options = dict(ln.removeprefix("#SBATCH ").partition("=")[::2] for ln in train)
+    assert options["--nodes"] == answers.get("nodes", "1")
+    assert options["--ntasks-per-node"] == answers.get("gpus_per_node", "1")
+    assert ("--account" in options) == bool(answers.get("account"))
+    assert ("--mail-user" in options) == bool(answers.get("mail"))
+    assert {"--requeue", "--open-mode", "--signal"} <= options.keys()
+    assert options["--output"] == "logs/%x-%j.out"
+    # The sweep asks for the same resources; only its name, array and log name differ.
+    differ = ("--job-name", "--array", "--output")
+    assert [ln for ln in train if not ln.startswith(differ, 8)] == [
+        ln for ln in sweep if not ln.startswith(differ, 8)
+    ]
+    assert "--output=logs/%x-%A_%a.out" in " ".join(sweep)
+
+
+def test_sweep_array_matches_the_parameter_file(baked) -> None:
+    project, _ = baked
+    lines = [
+        ln
+        for ln in (project / "slurm" / "sweep_params.txt").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    header = " ".join(sbatch_header(project / "slurm" / "sweep.sbatch"))
+    assert f"--array=0-{len(lines) - 1}%" in header
+
+
+TIME_LIMITS = ["5", "30:00", "90", "2:00:00", "12:00:00", "1-00", "1-6:30", "2-00:00:00"]
+
+
+@pytest.mark.parametrize("time_limit", TIME_LIMITS)
+def test_time_limit_derived_values(template: Path, tmp_path: Path, time_limit: str) -> None:
+    """Grace before the limit and the snakemake runtime follow the hook's own time parser."""
+    answers = {"time_limit": time_limit, "snakemake": "yes"}
+    result = bake("cookiecutter", template, tmp_path, answers)
+    assert result.ok, result.stderr
+    seconds = _rules().parse_time(time_limit)
+    grace = min(300, max(60, seconds // 10))
+    for name in ("train.sbatch", "sweep.sbatch"):
+        header = sbatch_header(result.project / "slurm" / name)
+        assert f"#SBATCH --signal=B:USR1@{grace}" in header
+        assert f"#SBATCH --time={time_limit}" in header
+    profile = (result.project / "workflow/profiles/slurm/config.yaml").read_text()
+    assert re.search(rf"^\s+runtime: {math.ceil(seconds / 60)}\b", profile, re.MULTILINE)
+
+
+def test_requeue_exit_code_matches_the_trainer(baked) -> None:
+    project, _ = baked
+    common = (project / "slurm" / "common.sh").read_text()
+    preemption = (project / "src" / project.name / "preemption.py").read_text()
+    script_code = re.search(r"^readonly EXIT_REQUEUE=(\d+)$", common, re.MULTILINE)
+    trainer_code = re.search(r"^EXIT_REQUEUE = (\d+)$", preemption, re.MULTILINE)
+    assert script_code and trainer_code
+    assert script_code[1] == trainer_code[1]
+
+
+def test_values_in_shell_code_are_quoted(baked) -> None:
+    project, answers = baked
+    preset = tomllib.loads((ROOT / "presets" / f"{answers['cluster']}.toml").read_text())
+    text = (project / "slurm" / "interactive.sh").read_text()
+    assert f"--partition='{preset['interactive_partition']}'" in text
+    assert f"    '{preset['interactive_gpu_request']}'" in text
+    assert f"--mem='{answers.get('memory', preset['default_memory'])}'" in text
+    if answers.get("account"):
+        assert f"--account='{answers['account']}'" in text
+    common = (project / "slurm" / "common.sh").read_text()
+    if answers["environment"] in {"venv", "conda"}:
+        wanted = " ".join(f"'{m}'" for m in preset["modules"])
+        assert f"load_modules {wanted}".rstrip() in common
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((), "usage"), (("x",), "usage"), (("0",), "usage"), (("2", "run.name=a,b"), "run name")],
+)
+def test_chain_rejects_bad_arguments(default_bake, args, message) -> None:
+    res = subprocess.run(
+        ["bash", "slurm/chain.sh", *args],
+        cwd=default_bake.project,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 2 and message in res.stderr, res.stderr
