@@ -99,10 +99,11 @@ def test_resume_mid_epoch_gives_bit_identical_weights(project: Path, variant: li
 def test_in_memory_and_dataloader_paths_train_identically(project: Path) -> None:
     splits = synthetic_splits()
     common = ["train.batch_size=32", "train.epochs=2", "model.hidden=32"]
-    trainer.train(cfg_with("run.name=fast", "data.in_memory=yes", *common), splits)
+    fast = trainer.train(cfg_with("run.name=fast", "data.in_memory=yes", *common), splits)
     trainer.train(
         cfg_with("run.name=loader", "data.in_memory=no", "data.num_workers=0", *common), splits
     )
+    assert fast.summary["val_accuracy"] > 0.9  # four classes: chance is 0.25
     assert_identical(
         final_weights(project / "runs" / "fast"), final_weights(project / "runs" / "loader")
     )
@@ -140,3 +141,10 @@ def test_lr_schedule_warms_up_then_decays() -> None:
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in itertools.pairwise(factors[3:]))
     assert factors[-1] < 0.01
+
+
+def test_tensorboard_tracking_writes_event_files(project: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    cfg = cfg_with("run.name=tb", "run.tracking=tensorboard", "train.epochs=1")
+    trainer.train(cfg, synthetic_splits())
+    assert list((project / "runs" / "tb" / "tensorboard").glob("events.out.tfevents.*"))

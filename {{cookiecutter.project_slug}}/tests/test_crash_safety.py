@@ -1,0 +1,67 @@
+"""kill -9 at random moments, also while a checkpoint is written, never corrupts the latest."""
+
+import dataclasses
+import multiprocessing
+import random
+import time
+from pathlib import Path
+
+from conftest import pkg, synthetic_splits
+
+checkpoint = pkg("checkpoint")
+config = pkg("config")
+trainer = pkg("trainer")
+
+
+def newest_step(directory: Path) -> int:
+    found = checkpoint.list_checkpoints(directory)
+    return found[-1][0] if found else -1
+
+
+def _train_forever(cfg) -> None:
+    trainer.train(cfg, synthetic_splits())
+
+
+def test_kill_9_never_leaves_an_unloadable_latest_checkpoint(project: Path) -> None:
+    # A wide model and a checkpoint every step: most of the time goes into writing files.
+    cfg = config.load_config(
+        None,
+        [
+            "run.name=crash",
+            "run.figures=false",
+            "run.progress=log",
+            "run.log_every_steps=1000",
+            "run.checkpoint_every_steps=1",
+            "model.hidden=1024",
+            "train.batch_size=16",
+            "train.epochs=50",
+            "data.verify_raw=false",
+        ],
+    )
+    ckpt_dir = project / "runs" / "crash" / "checkpoints"
+    # The first segment runs here: it imports everything the trials then inherit by fork.
+    trainer.train(
+        dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_steps_this_segment=1)),
+        synthetic_splits(),
+    )
+    fork = multiprocessing.get_context("fork")
+    rng = random.Random(1)  # noqa: S311  (kill times, not secrets)
+    steps, killed_while_writing = [], 0
+    for _ in range(12):
+        child = fork.Process(target=_train_forever, args=(cfg,))
+        child.start()
+        deadline = time.monotonic() + 30
+        while newest_step(ckpt_dir) <= (steps[-1] if steps else -1):
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.005)  # until this process has written a checkpoint of its own
+        time.sleep(rng.uniform(0.0, 0.3))
+        child.kill()  # SIGKILL
+        child.join()
+        killed_while_writing += bool(list(ckpt_dir.glob(".step-*.tmp-*")))
+        step, newest = checkpoint.list_checkpoints(ckpt_dir)[-1]
+        state = checkpoint.load(newest)  # the newest file itself must load, no fallback
+        assert state["position"]["step"] == step
+        steps.append(step)
+    assert steps == sorted(steps), steps
+    assert steps[-1] > steps[0], steps  # the restarts resumed and made progress
+    assert killed_while_writing >= 1, steps  # some kills landed in the middle of a write

@@ -1,0 +1,103 @@
+"""Two CPU processes with gloo, started the way `srun` starts them (SLURM_* variables)."""
+
+import random
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PACKAGE, cli_env, pkg, write_synthetic
+
+checkpoint = pkg("checkpoint")
+ARGS = [
+    "train",
+    "data.dataset=custom",
+    "data.verify_raw=false",
+    "run.figures=false",
+    "run.progress=log",
+    "run.log_every_steps=2",
+    "model.hidden=32",
+    "model.dropout=0.0",
+    "train.epochs=6",
+    "run.name=ddp",
+]
+
+
+def free_job_id() -> int:
+    """A job id whose derived rendezvous port (20000 + id % 20000) is free right now."""
+    for _ in range(100):
+        port = random.randint(20000, 39999)  # noqa: S311  (not a secret)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return 4_000_000 + port - 20000
+    raise RuntimeError("no free port")
+
+
+def srun_like(project: Path, job_id: int, *extra: str) -> list[subprocess.Popen[str]]:
+    procs = []
+    for rank in range(2):
+        env = cli_env(
+            project,
+            {
+                "SLURM_JOB_ID": str(job_id),
+                "SLURM_JOB_NODELIST": "localhost",
+                "SLURM_NTASKS": "2",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_STEP_TASKS_PER_NODE": "2",
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+            },
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", PACKAGE, *ARGS, "train.batch_size=16", *extra],
+                cwd=project,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return procs
+
+
+def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_synthetic(project)
+    rank0, rank1 = srun_like(project, free_job_id())
+    lines = []
+    assert rank0.stdout is not None
+    for line in rank0.stdout:
+        lines.append(line)
+        if "step 8/" in line:
+            rank1.send_signal(signal.SIGUSR1)  # only one rank gets the signal
+            break
+    out0 = "".join(lines) + rank0.stdout.read()
+    out1 = rank1.communicate(timeout=120)[0]
+    rank0.wait(timeout=120)
+    assert (rank0.returncode, rank1.returncode) == (3, 3), out0 + out1
+    assert "2 process(es) via slurm" in out0
+    assert "stop signal (on another rank)" in out0
+    assert out1.strip() == ""  # rank 1 stays silent: one log, one set of files
+    stopped_at = checkpoint.load_latest(project / "runs" / "ddp" / "checkpoints")["position"]
+
+    # Resume in one process with the same global batch (1 x 32): each step then sees the same
+    # samples as the two ranks together, so it continues the same trajectory; compare with a
+    # single-process run from the start.
+    load, train = pkg("config").load_config, pkg("trainer").train
+    assert train(load(None, [*ARGS[1:], "train.batch_size=32"])).exit_code == 0
+    assert f"resumed from step {stopped_at['step']}" in capsys.readouterr().out
+    train(load(None, [*ARGS[1:], "train.batch_size=32", "run.name=single"]))
+    resumed = checkpoint.load_latest(project / "runs" / "ddp" / "checkpoints")
+    single = checkpoint.load_latest(project / "runs" / "single" / "checkpoints")
+    assert resumed["position"] == single["position"]
+    for key, value in single["model"].items():
+        torch.testing.assert_close(resumed["model"][key], value, rtol=1e-4, atol=1e-5)

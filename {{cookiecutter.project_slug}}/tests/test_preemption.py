@@ -1,0 +1,97 @@
+"""Stop signals in real processes: checkpoint, exit 3, resume to the same weights."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PACKAGE, cli_env, pkg, write_synthetic
+
+checkpoint = pkg("checkpoint")
+EXIT_REQUEUE = pkg("preemption").EXIT_REQUEUE
+
+ARGS = [
+    "train",
+    "data.dataset=custom",
+    "data.verify_raw=false",
+    "run.figures=false",
+    "run.progress=log",
+    "run.log_every_steps=1",
+    "train.batch_size=16",
+    "train.epochs=15",
+    "model.hidden=32",
+]
+
+
+def start(project: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, *ARGS, *extra],
+        cwd=project,
+        env=cli_env(project),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, like a job step
+    )
+
+
+def signal_after(proc: subprocess.Popen[str], marker: str, sig: signal.Signals, group: bool) -> str:
+    """Send `sig` once `marker` appears in the output; return all output."""
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            if group:  # Slurm signals every process of the step, DataLoader workers included
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+            break
+    lines.append(proc.stdout.read())
+    proc.wait(timeout=60)
+    return "".join(lines)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load_latest(run_dir / "checkpoints")["model"]
+
+
+@pytest.fixture
+def synthetic_project(project: Path) -> Path:
+    write_synthetic(project)
+    return project
+
+
+def test_sigusr1_checkpoints_exits_3_and_the_rerun_matches(
+    synthetic_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = start(synthetic_project, "run.name=stopped")
+    output = signal_after(proc, "step 30/", signal.SIGUSR1, group=False)
+    assert proc.returncode == EXIT_REQUEUE, output
+    assert "stop signal (SIGUSR1)" in output
+    stopped = checkpoint.load_latest(synthetic_project / "runs" / "stopped" / "checkpoints")
+    total = 15 * (420 // 16)
+    assert 30 <= stopped["position"]["step"] < total
+
+    # The rerun and an uninterrupted reference run in this process (one thread, like the child).
+    load, train = pkg("config").load_config, pkg("trainer").train
+    assert train(load(None, [*ARGS[1:], "run.name=stopped"])).exit_code == 0
+    assert f"resumed from step {stopped['position']['step']}" in capsys.readouterr().out
+    train(load(None, [*ARGS[1:], "run.name=straight"]))
+    a = weights(synthetic_project / "runs" / "stopped")
+    b = weights(synthetic_project / "runs" / "straight")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_to_the_whole_group_spares_dataloader_workers(synthetic_project: Path) -> None:
+    proc = start(synthetic_project, "run.name=term", "data.in_memory=no", "data.num_workers=2")
+    output = signal_after(proc, "step 10/", signal.SIGTERM, group=True)
+    assert proc.returncode == EXIT_REQUEUE, output
+    assert "stop signal (SIGTERM)" in output
+    assert "Traceback" not in output
+    state = checkpoint.load_latest(synthetic_project / "runs" / "term" / "checkpoints")
+    assert state["position"]["step"] >= 10
