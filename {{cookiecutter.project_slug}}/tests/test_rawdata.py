@@ -170,9 +170,9 @@ def test_second_verify_reads_no_file_but_full_reads_all(
     hashed: list[str] = []
     real = rawdata.sha256_file
 
-    def counting(path: Path, advance=None) -> str:
+    def counting(path: Path, *args) -> str:
         hashed.append(path.name)
-        return real(path, advance)
+        return real(path, *args)
 
     monkeypatch.setattr(rawdata, "sha256_file", counting)
     assert changes(capsys)[0] == 0  # the cache was filled by freeze
@@ -267,8 +267,8 @@ def test_missing_manifest_and_missing_folder_are_one_line_errors(
     ("text", "error"),
     [
         ("path,size\n", ":1: header"),
-        ("path\tsize\tmode\tsha256\na.csv\t3\t0444\n", ":2: expected 4"),
-        ("path\tsize\tmode\tsha256\na.csv\t3\t644\t" + "0" * 64 + "\n", ":2: bad size"),
+        ("path\tsize\tmode\tsha256\na.csv\t3\t0444\n", ":2: expected path, size"),
+        ("path\tsize\tmode\tsha256\na.csv\t3\t644\t" + "0" * 64 + "\n", ":2: expected path"),
         ("path\tsize\tmode\tsha256\n../a\t3\t0444\t" + "0" * 64 + "\n", ":2: path '../a'"),
     ],
     ids=["header", "fields", "mode", "escape"],

@@ -10,25 +10,23 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 HEADER = ("path", "size", "mode", "sha256")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODE = re.compile(r"^0[0-7]{3,4}$")
+# One regular expression per line keeps reading 100,000 entries well under a second.
+_LINE = re.compile(r"([^\t]+)\t([0-9]+)\t(0[0-7]{3,4})\t([0-9a-f]{64})")
 
 
 class RawDataError(Exception):
     """Raw data and manifest disagree, or one of them cannot be read (one-line message)."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """What the manifest records about one raw file."""
+class Entry(NamedTuple):
+    """What the manifest records about one raw file (a tuple: cheap for 100,000 files)."""
 
     size: int
     mode: int
@@ -58,15 +56,15 @@ def parse_manifest(text: str, source: str) -> dict[str, Entry]:
         raise RawDataError(f"{source}:1: header must be {' '.join(HEADER)!r} (tab-separated)")
     entries: dict[str, Entry] = {}
     for number, line in enumerate(lines[1:], start=2):
-        fields = line.split("\t")
-        if len(fields) != len(HEADER):
-            raise RawDataError(f"{source}:{number}: expected 4 tab-separated fields")
-        rel, size, mode, sha256 = fields
-        if not size.isdigit() or not _MODE.match(mode) or not _SHA256.match(sha256):
-            raise RawDataError(f"{source}:{number}: bad size, octal mode or sha256 for {rel}")
-        if not rel or rel.startswith("/") or ".." in rel.split("/") or rel in entries:
-            raise RawDataError(f"{source}:{number}: path {rel!r} is empty, absolute or repeated")
-        entries[rel] = Entry(size=int(size), mode=int(mode, 8), sha256=sha256)
+        match = _LINE.fullmatch(line)
+        if match is None:
+            raise RawDataError(
+                f"{source}:{number}: expected path, size, octal mode and sha256, tab-separated"
+            )
+        rel, size, mode, sha256 = match.groups()
+        if rel.startswith("/") or ".." in rel.split("/") or rel in entries:
+            raise RawDataError(f"{source}:{number}: path {rel!r} is absolute, escapes or repeats")
+        entries[rel] = Entry(int(size), int(mode, 8), sha256)
     return entries
 
 
