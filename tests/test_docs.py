@@ -137,6 +137,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # Material's end-of-life banner
         capture_output=True,
         text=True,
         check=False,
