@@ -26,24 +26,39 @@ PRESETS: dict[str, dict[str, Any]] = CC["_presets"]
 CASES: dict[str, dict[str, str]] = {
     "venv-grete": {},
     "conda-grete": {
-        "environment": "conda", "ci": "github", "tracking": "tensorboard",
-        "python_version": "3.12", "git_init": "no",
+        "environment": "conda",
+        "ci": "github",
+        "tracking": "tensorboard",
+        "python_version": "3.12",
+        "git_init": "no",
     },
     "apptainer-grete": {
-        "environment": "apptainer", "ci": "none", "python_version": "3.12",
-        "account": "proj_42", "git_init": "no",
+        "environment": "apptainer",
+        "ci": "none",
+        "python_version": "3.12",
+        "account": "proj_42",
+        "git_init": "no",
     },
     "venv-generic": {
-        "cluster": "generic", "ci": "github", "vscode": "no", "python_version": "3.10",
-        "example": "no", "git_init": "no",
+        "cluster": "generic",
+        "ci": "github",
+        "vscode": "no",
+        "python_version": "3.10",
+        "example": "no",
+        "git_init": "no",
     },
     "conda-generic": {
-        "cluster": "generic", "environment": "conda", "python_version": "3.13",
+        "cluster": "generic",
+        "environment": "conda",
+        "python_version": "3.13",
         "git_init": "no",
     },
     "apptainer-generic": {
-        "cluster": "generic", "environment": "apptainer", "tracking": "tensorboard",
-        "project_name": "Deep Digits", "git_init": "no",
+        "cluster": "generic",
+        "environment": "apptainer",
+        "tracking": "tensorboard",
+        "project_name": "Deep Digits",
+        "git_init": "no",
     },
 }
 

@@ -7,23 +7,28 @@ index once and shared through pre-commit's cache ($PRE_COMMIT_HOME, default ~/.c
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import sys
+import zipfile
+from importlib.metadata import version as metadata_version
 from pathlib import Path
 
 import pytest
 import yaml
-
 from engines import BIN, Bake
 from envcases import CASES, PRESETS, answers_of, baked, env_dir, pyproject, run, tool, working_copy
+from packaging.requirements import Requirement
 
 REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def case(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     root = tmp_path_factory.getbasetemp() / "environment-bakes"
     return baked(request.param, template, root), answers_of(request.param)
 
@@ -56,7 +61,13 @@ def test_pre_commit_needs_no_code_host(case: tuple[Bake, dict[str, str]]) -> Non
             name, _, version = requirement.partition("==")
             assert version, f"{hook['id']}: {requirement} is not pinned with =="
             assert pins.setdefault(name, version) == version, f"two pins of {name}"
-    wanted = {"ruff-check", "ruff-format", "nbstripout", "check-added-large-files", "raw-data-guard"}
+    wanted = {
+        "ruff-check",
+        "ruff-format",
+        "nbstripout",
+        "check-added-large-files",
+        "raw-data-guard",
+    }
     assert wanted <= {hook["id"] for hook in _hooks(result.project)}
     # The editor and `make format` use the dev extra's ruff: the same version as the hook.
     dev = pyproject(result.project)["project"]["optional-dependencies"]["dev"]
@@ -67,7 +78,9 @@ def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path:
     result, _ = case
     project = working_copy(result.project, tmp_path)
     # `make lint` with the test environment standing in for the project's .venv/.conda.
-    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, _project_env(project), timeout=900)
+    done = run(
+        ["make", "lint", f"ENV_DIR={BIN.parent}"], project, _project_env(project), timeout=900
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     for hook in _hooks(project):
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith(hook["name"])), "")
@@ -77,7 +90,9 @@ def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path:
     assert not [ln for ln in changed.splitlines() if not ln.startswith("A ")], changed
 
 
-def test_pre_commit_catches_real_problems(template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+def test_pre_commit_catches_real_problems(
+    template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
     result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
     project = working_copy(result.project, tmp_path)
     scratch = project / "src" / project.name / "scratch.py"
@@ -86,18 +101,43 @@ def test_pre_commit_catches_real_problems(template: Path, tmp_path_factory: pyte
     (project / "weights.bin").write_bytes(b"\0" * 2_000_000)
     (project / "id_test").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n")
     notebook = {
-        "cells": [{"cell_type": "code", "execution_count": 3, "metadata": {}, "source": ["1 + 1"],
-                   "outputs": [{"output_type": "execute_result", "execution_count": 3,
-                                "data": {"text/plain": ["2"]}, "metadata": {}}]}],
-        "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": 3,
+                "metadata": {},
+                "source": ["1 + 1"],
+                "outputs": [
+                    {
+                        "output_type": "execute_result",
+                        "execution_count": 3,
+                        "data": {"text/plain": ["2"]},
+                        "metadata": {},
+                    }
+                ],
+            }
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
     }
     (project / "notebooks" / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
     run(["git", "add", "-A"], project)
-    done = run([tool("pre-commit"), "run", "--all-files"], project, _project_env(project), timeout=900)
+    done = run(
+        [tool("pre-commit"), "run", "--all-files"], project, _project_env(project), timeout=900
+    )
     assert done.returncode != 0
-    failed = {ln.rsplit(".", 1)[0].rstrip(".") for ln in done.stdout.splitlines() if ln.endswith("Failed")}
+    failed = {
+        ln.rsplit(".", 1)[0].rstrip(".") for ln in done.stdout.splitlines() if ln.endswith("Failed")
+    }
     names = {hook["id"]: hook["name"] for hook in _hooks(project)}
-    for hook_id in ("ruff-check", "trailing-whitespace", "check-added-large-files", "detect-private-key", "nbstripout"):
+    for hook_id in (
+        "ruff-check",
+        "trailing-whitespace",
+        "check-added-large-files",
+        "detect-private-key",
+        "nbstripout",
+    ):
         assert names[hook_id] in failed, f"{hook_id} did not fail:\n{done.stdout[-4000:]}"
     stripped = json.loads((project / "notebooks" / "explore.ipynb").read_text())
     assert stripped["cells"][0]["outputs"] == []
@@ -126,6 +166,34 @@ def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> N
     assert {"E", "F", "I", "B", "UP", "D", "S"} <= set(ruff["lint"]["select"])
 
 
+def test_project_builds_a_wheel_with_its_command(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
+    """The first step of `make install`, environment.yml and %post: building the project."""
+    result, answers = case
+    slug = result.project.name
+    project = working_copy(result.project, tmp_path)
+    # The build backend of this environment stands in for pip's isolated build environment
+    # (no download); it must satisfy the project's build requirements.
+    for requirement in map(Requirement, pyproject(project)["build-system"]["requires"]):
+        assert requirement.specifier.contains(metadata_version(requirement.name)), requirement
+    wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "--ignore-requires-python", "-q"]
+    done = run(
+        [sys.executable, "-m", "pip", *wheel_args, "-w", str(tmp_path / "dist"), "."], project
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob(f"{slug}-0.1.0-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(f"{slug}-0.1.0.dist-info/entry_points.txt").decode()
+        metadata = archive.read(f"{slug}-0.1.0.dist-info/METADATA").decode()
+    assert f"{slug}/cli.py" in names
+    assert f"{slug} = {slug}.cli:main" in entry_points
+    assert f"Requires-Python: >={answers['python_version']}" in metadata
+    if answers["license"] != "proprietary":
+        assert f"License-Expression: {answers['license']}" in metadata
+
+
 # --- project CI --------------------------------------------------------------------------------
 
 CI_FILES = {"gitlab": ".gitlab-ci.yml", "github": ".github/workflows/ci.yml"}
@@ -140,7 +208,9 @@ def test_ci_file_matches_answer_and_published_schema(case: tuple[Bake, dict[str,
         return
     path = CI_FILES[answers["ci"]]
     # check-jsonschema ships ("vendors") the published schemas: no download.
-    done = run([tool("check-jsonschema"), "--builtin-schema", SCHEMAS[answers["ci"]], path], result.project)
+    done = run(
+        [tool("check-jsonschema"), "--builtin-schema", SCHEMAS[answers["ci"]], path], result.project
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     text = (result.project / path).read_text("utf-8")
     assert "{%" not in text and "{{ cookiecutter" not in text
@@ -235,7 +305,9 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
 # --- README ------------------------------------------------------------------------------------
 
 
-def test_readme_first_screen_has_the_environment_commands(case: tuple[Bake, dict[str, str]]) -> None:
+def test_readme_first_screen_has_the_environment_commands(
+    case: tuple[Bake, dict[str, str]],
+) -> None:
     result, answers = case
     readme = (result.project / "README.md").read_text("utf-8")
     first_block = re.search(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
@@ -259,33 +331,54 @@ def test_readme_first_screen_has_the_environment_commands(case: tuple[Bake, dict
 # --- .env --------------------------------------------------------------------------------------
 
 
-def test_env_file_is_ignored_and_documented(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_env_file_is_ignored_and_documented(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     result, _ = case
     project = working_copy(result.project, tmp_path)
     (project / ".env").write_text("DATA_DIR=/somewhere\n")
     assert run(["git", "check-ignore", "-q", ".env"], project).returncode == 0
     assert run(["git", "check-ignore", "-q", ".env.example"], project).returncode == 1
     assert (project / ".env.example").is_file()
-    # `.env` is read in exactly one module.
+    # `.env` is read in exactly one module: the only one that imports python-dotenv.
     package = project / "src" / project.name
-    readers = sorted(p.name for p in package.glob("*.py") if "dotenv" in p.read_text("utf-8"))
+    readers = sorted(p.name for p in package.rglob("*.py") if _imports_dotenv(p))
     assert readers == ["settings.py"]
 
 
+def _imports_dotenv(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dotenv":
+            return True
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "dotenv" for a in node.names
+        ):
+            return True
+    return False
+
+
 # Variables set by Slurm or torchrun for the processes they start: not user settings.
-LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_VARIABLES = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 # Runs the project's CLI in-process and records every environment variable that code of the
 # package reads (not torch's or other libraries' reads), for the check against .env.example.
-RECORDER = '''
+RECORDER = """
 import json, os, sys
 package_dir, out = sys.argv[1], sys.argv[2]
 seen = set()
+STDLIB = ("os", "_collections_abc", "collections.abc")
 
 class Recording(type(os.environ)):
     def __getitem__(self, key):
         frame = sys._getframe(1)
-        while frame and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
+        while frame and frame.f_globals.get("__name__") in STDLIB:
             frame = frame.f_back
         if frame and frame.f_code.co_filename.startswith(package_dir):
             seen.add(key)
@@ -297,7 +390,7 @@ code = main(sys.argv[3:])
 with open(out, "a") as handle:
     handle.write(json.dumps(sorted(seen)) + "\\n")
 sys.exit(code)
-'''
+"""
 
 SECRETS = {
     "WANDB_API_KEY": "wandb-7f3a9c1e5b2d4f60",
@@ -328,38 +421,55 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
         ["evaluate", "--device", "cpu"],
         ["doctor", "--quick"],
     ):
-        done = run([sys.executable, str(recorder), package_dir, str(record), *args], project, env, timeout=600)
+        done = run(
+            [sys.executable, str(recorder), package_dir, str(record), *args],
+            project,
+            env,
+            timeout=600,
+        )
         assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
         outputs.append(done.stdout + done.stderr)
     # .env took effect: RUN_NAME from the file named the run.
     assert (project / "runs" / "from-dotenv" / "metrics.csv").is_file()
-    texts = list(outputs)
-    for folder in ("runs", "reports", "logs"):
-        for path in (project / folder).rglob("*"):
-            if path.is_file():
-                texts.append(path.read_bytes().decode("utf-8", "replace"))
+    written = [p for folder in ("runs", "reports", "logs") for p in (project / folder).rglob("*")]
+    texts = outputs + [p.read_bytes().decode("utf-8", "replace") for p in written if p.is_file()]
     for key, secret in SECRETS.items():
         assert not [t for t in texts if secret in t], f"the value of {key} was printed or written"
     # Every variable the package read is documented in .env.example.
     read = set().union(*(json.loads(line) for line in record.read_text().splitlines()))
-    documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=", (project / ".env.example").read_text(), re.MULTILINE))
+    documented = set(
+        re.findall(
+            r"^#?\s*([A-Z][A-Z0-9_]*)=", (project / ".env.example").read_text(), re.MULTILINE
+        )
+    )
     user_settings = {v for v in read if not v.startswith("SLURM_") and v not in LAUNCHER_VARIABLES}
     assert "RUN_NAME" in read and "PROJECT_ROOT" in read
-    assert user_settings <= documented, f"read but not in .env.example: {sorted(user_settings - documented)}"
+    assert user_settings <= documented, (
+        f"read but not in .env.example: {sorted(user_settings - documented)}"
+    )
 
 
 # --- the project's own tests -------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_project_suite_passes_for_apptainer_on_generic(template: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_project_suite_passes_for_apptainer_on_generic(
+    template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """The generated suite on the bake farthest from the default (test_generated_suite.py).
 
     Environment and preset change the job scripts, configs and Makefile the suite reads;
     the Python package is the same for every choice, so one more bake covers the rest.
     """
-    result = baked("apptainer-generic", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    result = baked(
+        "apptainer-generic", template, tmp_path_factory.getbasetemp() / "environment-bakes"
+    )
     env = {"PYTHONPATH": str(result.project / "src")}
-    done = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], result.project, env, timeout=600)
+    done = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        result.project,
+        env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]

@@ -16,26 +16,39 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from spython.main.parse.parsers import SingularityParser
-
 from engines import Bake
 from envcases import CASES, PRESETS, answers_of, baked, def_sections, run, tool, working_copy
+from spython.main.parse.parsers import SingularityParser
 
 APPTAINER_CASES = sorted(c for c in CASES if answers_of(c)["environment"] == "apptainer")
 # Section names Apptainer knows (definition_files docs); %app* sections are SCIF apps.
-KNOWN_SECTIONS = {"setup", "files", "post", "test", "environment", "runscript", "startscript", "labels", "help"}
+KNOWN_SECTIONS = {
+    "setup",
+    "files",
+    "post",
+    "test",
+    "environment",
+    "runscript",
+    "startscript",
+    "labels",
+    "help",
+}
 REQUIRED_SECTIONS = {"files", "post", "test", "environment", "runscript", "labels", "help"}
 SHELL_SECTIONS = ("post", "environment", "runscript", "test")
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def any_case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def any_case(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     root = tmp_path_factory.getbasetemp() / "environment-bakes"
     return baked(request.param, template, root), answers_of(request.param)
 
 
 @pytest.fixture(scope="module", params=APPTAINER_CASES)
-def case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def case(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     root = tmp_path_factory.getbasetemp() / "environment-bakes"
     return baked(request.param, template, root), answers_of(request.param)
 
@@ -77,10 +90,12 @@ def test_definition_structure(case: tuple[Bake, dict[str, str]]) -> None:
     assert keywords[0] == "Bootstrap: docker", "Bootstrap must be the first header line"
     base = next(line.split(":", 1)[1].strip() for line in keywords if line.startswith("From:"))
     # A pinned PyTorch CUDA image: explicit versions, never a moving tag.
-    pinned = re.fullmatch(r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda(\d+)\.(\d+)-cudnn\d+-runtime", base)
+    pinned = re.fullmatch(
+        r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda(\d+)\.(\d+)-cudnn\d+-runtime", base
+    )
     assert pinned, base
     assert set(sections) <= KNOWN_SECTIONS, set(sections) - KNOWN_SECTIONS
-    assert REQUIRED_SECTIONS <= set(sections)
+    assert set(sections) >= REQUIRED_SECTIONS
     # %files: every source exists in the project, only code and configs enter the image.
     for line in filter(str.strip, sections["files"]):
         source, dest = line.split()
@@ -105,7 +120,9 @@ def _section_script(sections: dict[str, list[str]], name: str) -> str:
 
 
 @pytest.mark.parametrize("section", SHELL_SECTIONS)
-def test_shell_sections_pass_shellcheck(case: tuple[Bake, dict[str, str]], section: str, tmp_path: Path) -> None:
+def test_shell_sections_pass_shellcheck(
+    case: tuple[Bake, dict[str, str]], section: str, tmp_path: Path
+) -> None:
     result, _ = case
     _, sections = def_sections(_def_file(result.project).read_text("utf-8"))
     script = tmp_path / f"{section}.sh"
@@ -117,11 +134,15 @@ def test_shell_sections_pass_shellcheck(case: tuple[Bake, dict[str, str]], secti
     assert lint.returncode == 0, lint.stdout
 
 
-def test_post_picks_a_python_the_project_accepts(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_post_picks_a_python_the_project_accepts(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     """The %post test of the image's Python agrees with the project's requires-python."""
     result, answers = case
     _, sections = def_sections(_def_file(result.project).read_text("utf-8"))
-    condition = next(line.strip() for line in sections["post"] if line.strip().startswith("if python -c"))
+    condition = next(
+        line.strip() for line in sections["post"] if line.strip().startswith("if python -c")
+    )
     command = condition.removeprefix("if ").removesuffix("; then")
     # This interpreter stands in for the image's: the branch must follow its version.
     shim = tmp_path / "bin"
@@ -146,7 +167,11 @@ def test_test_section_runs_on_cpu(case: tuple[Bake, dict[str, str]], tmp_path: P
     command.chmod(command.stat().st_mode | stat.S_IXUSR)
     script = tmp_path / "test.sh"
     script.write_text(_section_script(sections, "environment") + _section_script(sections, "test"))
-    env = {"PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(project / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        "PATH": f"{shim}:{os.environ['PATH']}",
+        "PYTHONPATH": str(project / "src"),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     done = run(["sh", "-eu", str(script)], project, env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -157,7 +182,8 @@ def test_test_section_runs_on_cpu(case: tuple[Bake, dict[str, str]], tmp_path: P
 # writes the image (or fails when FAKE_APPTAINER_FAIL is set) like `apptainer build` would.
 FAKE_APPTAINER = """#!/bin/bash
 set -eu
-printf '%s\\n' "cwd=$PWD" "args=$*" "cache=$APPTAINER_CACHEDIR" "tmp=$APPTAINER_TMPDIR" >>"$FAKE_APPTAINER_LOG"
+log="$FAKE_APPTAINER_LOG"
+printf '%s\\n' "cwd=$PWD" "args=$*" "cache=$APPTAINER_CACHEDIR" "tmp=$APPTAINER_TMPDIR" >>"$log"
 if [[ "$1" == build ]]; then
     [[ -d "$APPTAINER_TMPDIR" && -d "$APPTAINER_CACHEDIR" ]]
     out="${@: -2:1}"
@@ -168,7 +194,9 @@ fi
 """
 
 
-def _build_env(tmp_path: Path, project: Path, tmp_var: str, *, gpu: bool = False) -> dict[str, str | None]:
+def _build_env(
+    tmp_path: Path, project: Path, tmp_var: str, *, gpu: bool = False
+) -> dict[str, str | None]:
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "apptainer"
@@ -180,7 +208,9 @@ def _build_env(tmp_path: Path, project: Path, tmp_var: str, *, gpu: bool = False
         smi.chmod(0o755)
     (tmp_path / "home").mkdir(exist_ok=True)
     (tmp_path / "node").mkdir(exist_ok=True)
-    env: dict[str, str | None] = dict.fromkeys(["APPTAINER_CACHEDIR", "APPTAINER_TMPDIR", "LOCAL_TMPDIR", "TMPDIR"])
+    env: dict[str, str | None] = dict.fromkeys(
+        ["APPTAINER_CACHEDIR", "APPTAINER_TMPDIR", "LOCAL_TMPDIR", "TMPDIR"]
+    )
     env |= {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "HOME": str(tmp_path / "home"),
@@ -193,7 +223,9 @@ def _build_env(tmp_path: Path, project: Path, tmp_var: str, *, gpu: bool = False
     return env
 
 
-def test_build_script_builds_off_home_and_renames_at_the_end(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_build_script_builds_off_home_and_renames_at_the_end(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     result, answers = case
     project = working_copy(result.project, tmp_path)
     slug = project.name
@@ -206,14 +238,19 @@ def test_build_script_builds_off_home_and_renames_at_the_end(case: tuple[Bake, d
     log = (tmp_path / "apptainer.log").read_text().splitlines()
     assert f"cwd={project}" in log  # %files paths are relative to the project root
     build_args = next(line for line in log if line.startswith("args=build"))
-    assert build_args == f"args=build --fakeroot container/{slug}.sif.partial.4242 container/{slug}.def"
+    assert (
+        build_args
+        == f"args=build --fakeroot container/{slug}.sif.partial.4242 container/{slug}.def"
+    )
     node = tmp_path / "node"
     assert f"cache={node}/apptainer-cache-tester" in log
     assert f"tmp={node}/apptainer-tmp-tester" in log
     assert not any(str(tmp_path / "home") in line for line in log)
 
 
-def test_build_script_uses_the_gpu_when_there_is_one(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_build_script_uses_the_gpu_when_there_is_one(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     result, answers = case
     project = working_copy(result.project, tmp_path)
     env = _build_env(tmp_path, project, PRESETS[answers["cluster"]]["node_tmp_var"], gpu=True)
@@ -222,7 +259,9 @@ def test_build_script_uses_the_gpu_when_there_is_one(case: tuple[Bake, dict[str,
     assert "args=build --fakeroot --nv " in (tmp_path / "apptainer.log").read_text()
 
 
-def test_failed_build_keeps_the_old_image(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_failed_build_keeps_the_old_image(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     result, answers = case
     project = working_copy(result.project, tmp_path)
     image = project / "container" / f"{project.name}.sif"
@@ -235,14 +274,18 @@ def test_failed_build_keeps_the_old_image(case: tuple[Bake, dict[str, str]], tmp
     assert not list((project / "container").glob("*.partial*"))
 
 
-def test_build_script_outside_the_project_fails_clearly(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
+def test_build_script_outside_the_project_fails_clearly(
+    case: tuple[Bake, dict[str, str]], tmp_path: Path
+) -> None:
     result, answers = case
     project = working_copy(result.project, tmp_path)
     env = _build_env(tmp_path, project, PRESETS[answers["cluster"]]["node_tmp_var"])
     env["SLURM_SUBMIT_DIR"] = str(tmp_path)
     done = run(["bash", str(project / "container" / "build.sh")], tmp_path, env)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"error: container/{project.name}.def not found; run this from the project root"]
+    assert done.stderr.strip().splitlines() == [
+        f"error: container/{project.name}.def not found; run this from the project root"
+    ]
     assert not (tmp_path / "apptainer.log").exists()
 
 
@@ -250,7 +293,9 @@ def test_build_job_header(case: tuple[Bake, dict[str, str]]) -> None:
     result, answers = case
     preset = PRESETS[answers["cluster"]]
     lines = (result.project / "container" / "build.sh").read_text("utf-8").splitlines()
-    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    first_command = next(
+        i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")
+    )
     directives = [line.removeprefix("#SBATCH ") for line in lines if line.startswith("#SBATCH")]
     # Slurm stops reading #SBATCH lines at the first command.
     assert all(lines.index(f"#SBATCH {d}") < first_command for d in directives)

@@ -15,9 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from engines import Bake
-from envcases import CASES, PRESETS, answers_of, baked, env_dir, loads_jsonc, pyproject, run, working_copy
+from envcases import (
+    CASES,
+    PRESETS,
+    answers_of,
+    baked,
+    env_dir,
+    loads_jsonc,
+    pyproject,
+    run,
+    working_copy,
+)
 
 VSCODE_FILES = ("settings.json", "extensions.json", "launch.json")
 
@@ -26,13 +35,17 @@ VSCODE_CASES = sorted(c for c in CASES if answers_of(c)["vscode"] == "yes")
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def case(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     root = tmp_path_factory.getbasetemp() / "environment-bakes"
     return baked(request.param, template, root), answers_of(request.param)
 
 
 @pytest.fixture(scope="module", params=VSCODE_CASES)
-def vscode_case(request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bake, dict[str, str]]:
+def vscode_case(
+    request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Bake, dict[str, str]]:
     root = tmp_path_factory.getbasetemp() / "environment-bakes"
     return baked(request.param, template, root), answers_of(request.param)
 
@@ -42,7 +55,12 @@ def vscode_case(request: pytest.FixtureRequest, template: Path, tmp_path_factory
 
 def test_jsonc_keeps_comment_markers_inside_strings() -> None:
     text = '{"url": "https://x/y", "glob": "**/*.sif", "c": "/* no */", "q": "a\\"//b"} // end'
-    assert loads_jsonc(text) == {"url": "https://x/y", "glob": "**/*.sif", "c": "/* no */", "q": 'a"//b'}
+    assert loads_jsonc(text) == {
+        "url": "https://x/y",
+        "glob": "**/*.sif",
+        "c": "/* no */",
+        "q": 'a"//b',
+    }
 
 
 def test_jsonc_drops_comments_and_trailing_commas() -> None:
@@ -85,24 +103,32 @@ def test_settings_match_the_project(vscode_case: tuple[Bake, dict[str, str]]) ->
     # Tests: pytest on the folders pyproject.toml names, not unittest.
     assert settings["python.testing.pytestEnabled"] is True
     assert settings["python.testing.unittestEnabled"] is False
-    assert settings["python.testing.pytestArgs"] == pyproject(project)["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert (
+        settings["python.testing.pytestArgs"]
+        == pyproject(project)["tool"]["pytest"]["ini_options"]["testpaths"]
+    )
     # Ruff formats and fixes on save.
     python = settings["[python]"]
     assert python["editor.defaultFormatter"] == "charliermarsh.ruff"
     assert python["editor.formatOnSave"] is True
-    assert set(python["editor.codeActionsOnSave"]) == {"source.fixAll.ruff", "source.organizeImports.ruff"}
+    assert set(python["editor.codeActionsOnSave"]) == {
+        "source.fixAll.ruff",
+        "source.organizeImports.ruff",
+    }
     # Neither the watcher nor search walks data, results, environments or images.
     for key in ("files.watcherExclude", "search.exclude"):
         globs = " ".join(g for g, on in settings[key].items() if on)
         for folder in ("data", "runs", "logs", "checkpoints", ".venv", ".conda", "*.sif"):
             assert f"**/{folder}" in globs, f"{key} misses {folder}"
     extensions = _vscode(project, "extensions.json")["recommendations"]
-    assert {"ms-python.python", "charliermarsh.ruff", "ms-vscode-remote.remote-ssh"} <= set(extensions)
+    assert {"ms-python.python", "charliermarsh.ruff", "ms-vscode-remote.remote-ssh"} <= set(
+        extensions
+    )
     assert python["editor.defaultFormatter"] in extensions
 
 
 def test_launch_configurations_match_the_project(vscode_case: tuple[Bake, dict[str, str]]) -> None:
-    result, answers = vscode_case
+    result, _ = vscode_case
     project, slug = result.project, result.project.name
     configs = {c["name"]: c for c in _vscode(project, "launch.json")["configurations"]}
     assert all(c["type"] == "debugpy" and c["request"] == "launch" for c in configs.values())
@@ -117,7 +143,9 @@ def test_launch_configurations_match_the_project(vscode_case: tuple[Bake, dict[s
     assert f'"{slug}: tiny training run"' in guide
 
 
-def test_tiny_training_run_from_launch_json_really_runs(template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+def test_tiny_training_run_from_launch_json_really_runs(
+    template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
     """The debug configuration's command line trains on the CPU (what F5 would run)."""
     result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
     project = working_copy(result.project, tmp_path)
@@ -127,9 +155,15 @@ def test_tiny_training_run_from_launch_json_really_runs(template: Path, tmp_path
     for name in (f"{slug}: prepare data", f"{slug}: tiny training run"):
         config = configs[name]
         assert config["cwd"] == "${workspaceFolder}"
-        done = run([sys.executable, "-m", config["module"], *config["args"]], project, env, timeout=600)
+        done = run(
+            [sys.executable, "-m", config["module"], *config["args"]], project, env, timeout=600
+        )
         assert done.returncode == 0, f"{name}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
-    run_name = next(a.split("=", 1)[1] for a in configs[f"{slug}: tiny training run"]["args"] if a.startswith("run.name="))
+    run_name = next(
+        a.split("=", 1)[1]
+        for a in configs[f"{slug}: tiny training run"]["args"]
+        if a.startswith("run.name=")
+    )
     assert (project / "runs" / run_name / "metrics.csv").is_file()
 
 
@@ -163,12 +197,18 @@ def test_guide_matches_ssh_config_and_preset(vscode_case: tuple[Bake, dict[str, 
     preset = PRESETS[answers["cluster"]]
     host = answers["cluster"]
     guide = (result.project / "docs" / "vscode-remote.md").read_text("utf-8")
-    hosts = re.findall(r"^Host (\S+)$", (result.project / "docs" / "ssh_config.example").read_text(), re.MULTILINE)
+    hosts = re.findall(
+        r"^Host (\S+)$", (result.project / "docs" / "ssh_config.example").read_text(), re.MULTILINE
+    )
     assert hosts == [host, f"{host}-node"]
     for name in hosts:
         assert f"`{name}`" in guide
     assert "remote.SSH.serverInstallPath" in guide
-    job = re.search(r"^sbatch --job-name=vscode (.*?)--wrap=\"sleep infinity\"$", guide, re.MULTILINE | re.DOTALL)
+    job = re.search(
+        r"^sbatch --job-name=vscode (.*?)--wrap=\"sleep infinity\"$",
+        guide,
+        re.MULTILINE | re.DOTALL,
+    )
     assert job, "the guide shows the placeholder job"
     assert f"--partition={preset['interactive_partition']}" in job[1]
     assert preset["interactive_gpu_request"] in job[1]
