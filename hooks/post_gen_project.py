@@ -34,7 +34,7 @@ Read README.md for the rest.
 
 ENV_COMMANDS = {
     "venv": "make install                       # venv + pip install -e '.[dev]'",
-    "conda": "conda env create -f environment.yml && conda activate {slug}",
+    "conda": "make install && conda activate ./.conda   # prefix env from environment.yml",
     "apptainer": "make container                     # build the image on a compute node",
 }
 
