@@ -302,6 +302,25 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     assert ("tensorboard" in extras) == (answers["tracking"] == "tensorboard")
 
 
+@pytest.mark.parametrize(
+    "name", [c for c in sorted(CASES) if answers_of(c)["environment"] == "conda"]
+)
+def test_conda_install_without_conda_says_what_to_load(
+    name: str, template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    result = baked(name, template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    answers = answers_of(name)
+    project = working_copy(result.project, tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "CONDA_EXE": None}
+    done = run(["make", "install"], project, env)
+    assert done.returncode != 0
+    message = done.stderr.splitlines()[0]
+    assert message.startswith("conda not found: load its module first")
+    modules = PRESETS[answers["cluster"]]["modules"]
+    assert (f"(module load {' '.join(modules)})" in message) == bool(modules)
+    assert not (project / ".conda").exists()
+
+
 # --- README ------------------------------------------------------------------------------------
 
 
