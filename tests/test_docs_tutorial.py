@@ -135,6 +135,10 @@ class Tutorial:
             "PYTHONPATH": str(self.cwd / SLUG / "src"),
             "PYTHONUNBUFFERED": "1",
             "MPLBACKEND": "Agg",
+            # matplotlib's font cache from the real home: a fresh one costs seconds per step.
+            "MPLCONFIGDIR": os.environ.get(
+                "MPLCONFIGDIR", str(Path.home() / ".config" / "matplotlib")
+            ),
             "GIT_TERMINAL_PROMPT": "0",
         }
         self.state = work / "pwd"
