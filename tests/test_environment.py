@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import sys
 import zipfile
@@ -33,13 +32,9 @@ def case(
     return baked(request.param, template, root), answers_of(request.param)
 
 
-def _project_env(project: Path) -> dict[str, str | None]:
-    """Environment of a shell where the project is "installed": its src/ on the path.
-
-    The raw-data hook is `language: system` and runs `python -m <slug>...`, as a user does
-    with the project environment active; this test environment has every dependency.
-    """
-    return {"PYTHONPATH": str(project / "src"), "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+# pre-commit runs with no project environment active and nothing on PYTHONPATH, as in a
+# fresh clone or the project's CI lint job: every hook must bring what it needs.
+CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "VIRTUAL_ENV": None}
 
 
 # --- pre-commit -------------------------------------------------------------------------------
@@ -78,9 +73,7 @@ def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path:
     result, _ = case
     project = working_copy(result.project, tmp_path)
     # `make lint` with the test environment standing in for the project's .venv/.conda.
-    done = run(
-        ["make", "lint", f"ENV_DIR={BIN.parent}"], project, _project_env(project), timeout=900
-    )
+    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     for hook in _hooks(project):
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith(hook["name"])), "")
@@ -123,9 +116,7 @@ def test_pre_commit_catches_real_problems(
     }
     (project / "notebooks" / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
     run(["git", "add", "-A"], project)
-    done = run(
-        [tool("pre-commit"), "run", "--all-files"], project, _project_env(project), timeout=900
-    )
+    done = run([tool("pre-commit"), "run", "--all-files"], project, CLEAN_ENV, timeout=900)
     assert done.returncode != 0
     failed = {
         ln.rsplit(".", 1)[0].rstrip(".") for ln in done.stdout.splitlines() if ln.endswith("Failed")
