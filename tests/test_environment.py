@@ -348,6 +348,22 @@ def test_env_file_is_ignored_and_documented(
     project = working_copy(result.project, tmp_path)
     (project / ".env").write_text("DATA_DIR=/somewhere\n")
     assert run(["git", "check-ignore", "-q", ".env"], project).returncode == 0
+    # Environments, images and half-built images never end up in a commit either.
+    slug = project.name
+    for path in (
+        ".venv/bin/python",
+        ".conda/bin/python",
+        f"container/{slug}.sif",
+        f"container/{slug}.sif.partial.7",
+    ):
+        assert run(["git", "check-ignore", "-q", path], project).returncode == 0, path
+    for path in (
+        ".vscode/settings.json",
+        "container/build.sh",
+        f"container/{slug}.def",
+        "environment.yml",
+    ):
+        assert run(["git", "check-ignore", "-q", path], project).returncode == 1, path
     assert run(["git", "check-ignore", "-q", ".env.example"], project).returncode == 1
     assert (project / ".env.example").is_file()
     # `.env` is read in exactly one module: the only one that imports python-dotenv.
