@@ -48,7 +48,8 @@ def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
     git(dest, "init", "-q", "-b", "main")
-    git(dest, "add", "-A")
+    # -f: the generated project's own .gitignore (e.g. data/raw) must not hide template files.
+    git(dest, "add", "-A", "-f")
     git(dest, "commit", "-q", "-m", "template snapshot")
     git(dest, "tag", tag)
     return dest
