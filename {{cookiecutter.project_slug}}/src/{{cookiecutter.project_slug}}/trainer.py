@@ -166,13 +166,15 @@ def train(
     configure_backends(cfg.run.deterministic)
     limit_threads(denv)
     device = pick_device(cfg.train.device, denv.local_rank)
-    distributed.init(denv, device, cfg.dist.backend, cfg.dist.timeout_minutes)
-    try:
-        if splits is None:
-            splits = _load_checked(cfg, settings, denv, check_raw)
-        return Trainer(cfg, splits, settings, denv, device).run()
-    finally:
-        distributed.shutdown()
+    # From here on a stop signal only sets the flag, also during the (slow) set-up.
+    with catch_stop_signals() as stop:
+        distributed.init(denv, device, cfg.dist.backend, cfg.dist.timeout_minutes)
+        try:
+            if splits is None:
+                splits = _load_checked(cfg, settings, denv, check_raw)
+            return Trainer(cfg, splits, settings, denv, device).run(stop)
+        finally:
+            distributed.shutdown()
 
 
 def _load_checked(
@@ -394,7 +396,7 @@ class Trainer:
         return "stop" if stop else "segment" if segment else ""
 
     # --- the loop -----------------------------------------------------------------------
-    def run(self) -> Result:
+    def run(self, stop: StopRequest) -> Result:
         """Resume, train to the end (or to a stop signal or segment end), report."""
         resumed = self.resume()
         if self.denv.is_main:
@@ -416,8 +418,7 @@ class Trainer:
             self.denv.is_main,
         )
         self.timers = Timers()
-        with catch_stop_signals() as stop:
-            outcome, segment_steps = self._loop(progress, stop)
+        outcome, segment_steps = self._loop(progress, stop)
         progress.close()
         self.save_checkpoint()  # no-op when this step is saved already
         if outcome == "stop":
