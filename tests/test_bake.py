@@ -243,9 +243,15 @@ def test_shell_scripts_pass_bash_n_and_shellcheck(baked: tuple[Bake, dict[str, s
             ["bash", "-n", str(script)], capture_output=True, text=True, check=False
         )
         assert syntax.returncode == 0, f"{script.name}: {syntax.stderr}"
+        # From the project root, as the scripts are run: `source slurm/common.sh` resolves.
         lint = subprocess.run(
-            [str(BIN / "shellcheck"), "-x", "--shell=bash", str(script.name)],
-            cwd=script.parent,
+            [
+                str(BIN / "shellcheck"),
+                "-x",
+                "--shell=bash",
+                str(script.relative_to(result.project)),
+            ],
+            cwd=result.project,
             capture_output=True,
             text=True,
             check=False,
