@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -10,7 +9,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+
+from sync_questions import load_rules
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,16 +35,7 @@ class Bake:
         return self.returncode == 0 and self.project.is_dir()
 
 
-def _load_rules() -> ModuleType:
-    """Import the answer rules from the hook file (plain Python but for its main block)."""
-    spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-rules = _load_rules()
+rules = load_rules()
 
 
 def _tool(name: str) -> str:
@@ -85,3 +76,14 @@ def tree(root: Path) -> dict[str, bytes]:
         mode = b"x" if os.access(path, os.X_OK) else b"-"
         files[rel.as_posix()] = mode + path.read_bytes()
     return files
+
+
+def ruff_problems(project: Path) -> str:
+    """What `ruff check` and `ruff format --check` report on a project ("" when clean)."""
+    report = ""
+    for args in (["check"], ["format", "--check"]):
+        command = [_tool("ruff"), *args, "--no-cache", "."]
+        done = subprocess.run(command, cwd=project, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            report += done.stdout + done.stderr
+    return report
