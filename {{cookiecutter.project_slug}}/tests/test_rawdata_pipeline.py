@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
 cli = import_module(f"{PACKAGE}.cli")
 rawdata = import_module(f"{PACKAGE}.rawdata")
-HAS_EXAMPLE = (ROOT / rawdata.MANIFEST_PATH).is_file()
-FAST = ["train.epochs=1", "run.figures=false", "run.name=guarded", "train.device=cpu"]
+# Only the small example file is copied, never the project's own (maybe huge) raw data.
+EXAMPLE = ROOT / "data" / "raw" / "digits.csv.gz"
+HAS_EXAMPLE = EXAMPLE.is_file()
+DATASET = ["data.dataset=digits"] if HAS_EXAMPLE else []
+FAST = [*DATASET, "train.epochs=1", "run.figures=false", "run.name=guarded", "train.device=cpu"]
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int, int]]:
@@ -34,18 +37,17 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int, int]]:
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A scratch project: this project's configs and raw data (or a stand-in), frozen."""
+    """A scratch project: this project's configs and the example file (or a stand-in), frozen."""
     for name in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
     raw = tmp_path / "data" / "raw"
+    raw.mkdir(parents=True)
     if HAS_EXAMPLE:
-        shutil.copytree(ROOT / "data" / "raw", raw)
-        shutil.copyfile(ROOT / rawdata.MANIFEST_PATH, tmp_path / rawdata.MANIFEST_PATH)
+        shutil.copyfile(EXAMPLE, raw / EXAMPLE.name)
     else:
-        raw.mkdir(parents=True)
         (raw / "table.csv").write_text("x,y\n1,0\n", encoding="utf-8")
     assert cli.main(["data", "freeze"]) == 0
     return tmp_path
@@ -53,7 +55,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def tamper(raw: Path) -> str:
     """Append one byte to the first raw file; return its path as reported."""
-    path = next(p for p in sorted(raw.iterdir()) if p.name != ".gitkeep")
+    path = next(iter(sorted(raw.iterdir())))
     path.chmod(0o644)
     with path.open("ab") as handle:
         handle.write(b"\n")
@@ -66,7 +68,7 @@ def test_tampered_raw_data_stops_the_command_before_it_writes(
     project: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
     if HAS_EXAMPLE and command == "train":
-        assert cli.main(["prepare"]) == 0  # so that only the raw check can stop training
+        assert cli.main(["prepare", *DATASET]) == 0  # so only the raw check can stop training
     changed = tamper(project / "data" / "raw")
     capsys.readouterr()
     before = snapshot(project)
@@ -83,9 +85,9 @@ def test_switched_off_verification_is_not_consulted(
 ) -> None:
     calls: list[Path] = []
     monkeypatch.setattr(rawdata, "verify_raw", lambda raw_dir, manifest: calls.append(raw_dir))
-    cli.main(["prepare", "data.verify_raw=false"])
+    cli.main(["prepare", *DATASET, "data.verify_raw=false"])
     assert calls == []
-    cli.main(["prepare"])
+    cli.main(["prepare", *DATASET])
     assert calls == [(project / "data" / "raw").resolve()]
 
 
@@ -94,7 +96,7 @@ def test_example_pipeline_leaves_every_raw_byte_mode_and_mtime(project: Path) ->
     raw = project / "data" / "raw"
     os.utime(raw / "digits.csv.gz", ns=(0, 10**18))  # a distinctive mtime, easy to spot
     before = snapshot(raw)
-    assert cli.main(["prepare"]) == 0
+    assert cli.main(["prepare", *DATASET]) == 0
     assert cli.main(["train", *FAST]) == 0
     assert cli.main(["evaluate", "--run", "guarded", "--device", "cpu"]) == 0
     assert snapshot(raw) == before
