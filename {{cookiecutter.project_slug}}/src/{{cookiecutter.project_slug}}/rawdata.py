@@ -304,7 +304,7 @@ def verify_raw(raw_dir: Path, manifest: Path) -> None:
         )
 
 
-def _read_only(path: Path, st: os.stat_result, mode: int) -> os.stat_result:
+def _set_mode(path: Path, st: os.stat_result, mode: int) -> os.stat_result:
     """Set ``mode`` on ``path`` if needed and return the new stat (chmod changes ctime)."""
     if stat.S_IMODE(st.st_mode) == mode:
         return st
@@ -335,7 +335,7 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
                 f"record it with `{__package__} data freeze --update`"
             )
         for change in changes:
-            st = _read_only(raw_dir / change.path, stats[change.path], old[change.path].mode)
+            st = _set_mode(raw_dir / change.path, stats[change.path], old[change.path].mode)
             cache.put(change.path, st, old[change.path].sha256)
         cache.save()
         return changes
@@ -343,7 +343,7 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
     sums = hash_files(raw_dir, stats, cache, full=full)
     entries: dict[str, Entry] = {}
     for rel, st in stats.items():
-        frozen = _read_only(raw_dir / rel, st, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS)
+        frozen = _set_mode(raw_dir / rel, st, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS)
         cache.put(rel, frozen, sums[rel])
         entries[rel] = Entry(frozen.st_size, stat.S_IMODE(frozen.st_mode), sums[rel])
     write_manifest(manifest, entries)
