@@ -31,6 +31,30 @@ def test_shipped_manifest_records_the_shipped_example_file() -> None:
     assert lines == ["path\tsize\tmode\tsha256", f"digits.csv.gz\t{len(data)}\t0444\t{digest}"]
 
 
+def test_generated_gitignore_hides_no_template_file() -> None:
+    """The project's .gitignore also applies inside the template repository.
+
+    There its data rules would hide the conditionally named example file from anything
+    that builds a fresh index (copier's dirty-template copy, `git add -A` in a new clone).
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", PROJECT.name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin", "-z"],
+        cwd=ROOT,
+        input="\0".join(filter(None, listed)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stdout.split("\0") == [""]
+
+
 def ignored(project: Path, *paths: str) -> set[str]:
     """The subset of ``paths`` that git ignores in ``project``."""
     if not (project / ".git").exists():
