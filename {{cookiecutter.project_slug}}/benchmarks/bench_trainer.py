@@ -20,7 +20,7 @@ line is
 
     trainer/raw: mlp=<ratio> cnn=<ratio> inmem=<ratio>
 
-Usage: python benchmarks/bench_trainer.py [--rounds 9] [--threads 1] [--device auto]
+Usage: python benchmarks/bench_trainer.py [--rounds 25] [--threads 1] [--device auto]
 """
 
 import argparse
@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved repetitions")
+    parser.add_argument("--rounds", type=int, default=25, help="interleaved repetitions")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (CPU runs only)")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--mlp-steps", type=int, default=200)
-    parser.add_argument("--cnn-steps", type=int, default=20)
+    parser.add_argument("--mlp-steps", type=int, default=128)
+    parser.add_argument("--cnn-steps", type=int, default=16)
     parser.add_argument(
         "--clock",
         choices=["auto", "cpu", "wall"],

@@ -205,13 +205,8 @@ class Trainer:
         device: torch.device,
     ) -> None:
         """Build batches, model, optimizer and schedule (no files are touched yet)."""
-        self.cfg, self.splits, self.settings, self.denv, self.device = (
-            cfg,
-            splits,
-            settings,
-            denv,
-            device,
-        )
+        self.cfg, self.splits, self.settings = cfg, splits, settings
+        self.denv, self.device = denv, device
         self.say: Callable[[str], None] = (
             partial(print, flush=True) if denv.is_main else (lambda _: None)
         )
@@ -334,6 +329,8 @@ class Trainer:
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, sync: bool) -> torch.Tensor:
         """Loss of one micro-batch, gradients accumulated (all-reduced only when `sync`)."""
         no_sync = self.model.no_sync if self.denv.distributed and not sync else nullcontext
+        if self.cfg.model.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         with no_sync():
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
                 loss = nn.functional.cross_entropy(self.model(x), y)
