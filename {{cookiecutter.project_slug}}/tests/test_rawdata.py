@@ -181,6 +181,25 @@ def test_second_verify_reads_no_file_but_full_reads_all(
     assert (project / "data" / ".raw-cache.json").is_file()
 
 
+@pytest.mark.parametrize(
+    "cache_text",
+    [
+        '{"version": 1, "root": "ROOT", "files": {"labels.csv": 5}}',
+        '{"version": 1, "root": "ROOT", "files": []}',
+        "not json",
+    ],
+    ids=["entry-not-a-list", "files-not-a-dict", "garbage"],
+)
+def test_damaged_cache_is_ignored_not_trusted(
+    project: Path, capsys: pytest.CaptureFixture[str], cache_text: str
+) -> None:
+    root = str((project / "data" / "raw").resolve())
+    (project / "data" / ".raw-cache.json").write_text(cache_text.replace("ROOT", root))
+    _modify(project / "data" / "raw")
+    assert changes(capsys) == (1, ["modified    data/raw/labels.csv (content differs)"])
+    assert changes(capsys, "--full")[0] == 1
+
+
 def test_freeze_update_says_what_changed_and_records_it(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

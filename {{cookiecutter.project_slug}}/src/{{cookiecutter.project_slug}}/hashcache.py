@@ -16,6 +16,9 @@ from pathlib import Path
 _VERSION = 1
 
 
+_WIDTH = 5  # size, mtime, ctime, inode, sha256
+
+
 def _key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
@@ -33,10 +36,16 @@ class HashCache:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or data.get("version") != _VERSION:
             return
-        if data.get("version") == _VERSION and data.get("root") == self.root:
-            self._entries = data.get("files", {})
+        files = data.get("files")
+        if data.get("root") == self.root and isinstance(files, dict):
+            # Anything malformed (a hand edit, another tool) is dropped, never trusted.
+            self._entries = {
+                rel: entry
+                for rel, entry in files.items()
+                if isinstance(entry, list) and len(entry) == _WIDTH
+            }
 
     def get(self, rel: str, st: os.stat_result) -> str | None:
         """The cached sum of ``rel`` if its metadata still equals ``st``, else None."""
