@@ -131,10 +131,15 @@ def stage(path: Path, cfg: Config, local_rank: int) -> Path:
     if not cfg.data.stage_to_node_tmp or not node_tmp or not Path(node_tmp).is_dir():
         return path
     target = Path(node_tmp) / "processed" / path.name
-    if local_rank == 0 and (not target.exists() or target.stat().st_size != path.stat().st_size):
+    if not path.is_file():
+        raise DataError(f"{path} not found: run `prepare` first")
+    source = path.stat()
+    copied = target.stat() if target.exists() else None
+    fresh = copied and (copied.st_size, copied.st_mtime_ns) == (source.st_size, source.st_mtime_ns)
+    if local_rank == 0 and not fresh:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.copyfile(path, tmp)
+        shutil.copy2(path, tmp)  # keeps the modification time: the freshness check above
         tmp.replace(target)
         print(f"staged {path} -> {target}", file=sys.stderr)
     return target
