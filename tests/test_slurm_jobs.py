@@ -139,6 +139,28 @@ def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
         assert summary["status"] == "finished"
 
 
+def test_sweep_task_requeues_itself_alone(project: JobProject, tmp_path: Path) -> None:
+    params = tmp_path / "two.txt"
+    params.write_text("# two tasks\ntrain.lr=0.002\ntrain.lr=0.004\n")
+    job = project.sbatch(
+        "--array=0-1",
+        "slurm/sweep.sbatch",
+        "train.epochs=2",
+        "run.figures=false",
+        SWEEP_FILE=str(params),
+        **SLOW,
+    )
+    project.wait_for("task 1 checkpoint", lambda: project.checkpoints(f"{job}_1"), 90)
+    project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_1")
+    project.finished(job)
+    logs = [project.log(f"{project.slug}-sweep-{job}_{task}") for task in (0, 1)]
+    infos = [project.cluster.job(f"{job}_{task}") for task in (0, 1)]
+    assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], logs
+    assert [i["Restarts"] for i in infos] == ["0", "1"]
+    assert f"requeueing {job}_1 (requeue 1 of at most 20)" in logs[1]  # the array task's id
+    assert resumed_step(logs[1]) and resumed_step(logs[0]) is None
+
+
 def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     res = project.run(
         "slurm/chain.sh",

@@ -38,7 +38,9 @@ PRESETS = load_presets(ROOT / "presets")
 # takes every other sample of the epoch's permutation, so each step averages the gradient of
 # exactly the samples the single process sees in that step. Dropout is off because each rank
 # draws its own dropout masks. What remains is the order of floating-point sums.
-DDP_RUN = ("train.epochs=3", "model.dropout=0", "run.figures=false")
+DDP_RUN = ("train.epochs=3", "model.dropout=0", "run.figures=false", "dist.timeout_minutes=2")
+# A rank that waits longer than this prints its stack into the job log (tests/slurm/probe.py).
+HANG = {"PROBE_HANG_DUMP": "100"}
 # Observed: ~1e-7; the bound leaves room for other CPUs' summation order, far below the
 # weight changes training makes (~1e-2).
 TOLERANCE = 1e-5
@@ -86,6 +88,7 @@ def _two_node_run(project: JobProject, tmp: Path, name: str, **env: str) -> tupl
         "train.batch_size=64",
         f"run.name={name}",
         PROBE_WEIGHTS_DIR=str(probe),
+        **HANG,
         **env,
     )
     info = project.finished(job)
@@ -146,6 +149,7 @@ def test_two_node_job_requeues_and_resumes_identically(
         "train.batch_size=64",
         "run.name=ddp-requeue",
         PROBE_STEP_DELAY="0.5",
+        **HANG,
     )
     name = f"{project.slug}-{job}"
     project.wait_for("first checkpoint", lambda: project.checkpoints("ddp-requeue"), 60)

@@ -177,3 +177,14 @@ def test_chain_rejects_bad_arguments(default_bake, args, message) -> None:
         check=False,
     )
     assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_readme_shows_the_scripts_commands(baked) -> None:
+    project, _ = baked
+    readme = (project / "slurm" / "README.md").read_text()
+    header = (project / "slurm" / "train.sbatch").read_text().splitlines()
+    cpu_only = next(ln for ln in header if "without a GPU" in ln).split(":", 1)[1].strip()
+    assert f"`{cpu_only}`" in readme
+    for script in scripts(project):
+        if script.name != "common.sh":
+            assert f"slurm/{script.name}" in readme, script.name

@@ -7,6 +7,8 @@ PROBE_STEP_DELAY=S   Every optimizer step of a job's first attempt (SLURM_RESTAR
                      training without using CPU, so a stop signal reliably lands mid-run on any
                      machine speed; the arithmetic is untouched, and the resumed attempt runs
                      at full speed.
+PROBE_HANG_DUMP=S    After S seconds, a still running process prints every thread's stack to
+                     stderr (the job log), once: shows where a hung rank waits.
 PROBE_WEIGHTS_DIR=D  When the process exits, a rank of a DistributedDataParallel run saves its
                      model's weights to D/rank<R>.pt with its Slurm node name, so a test can
                      compare the weights of every rank (the trainer saves rank 0's only).
@@ -15,6 +17,7 @@ PROBE_WEIGHTS_DIR=D  When the process exits, a rank of a DistributedDataParallel
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import time
 from pathlib import Path
@@ -60,3 +63,5 @@ if os.environ.get("PROBE_STEP_DELAY") and os.environ.get("SLURM_RESTART_COUNT", 
     _install_step_delay(float(os.environ["PROBE_STEP_DELAY"]))
 if os.environ.get("PROBE_WEIGHTS_DIR"):
     _install_weights_dump(os.environ["PROBE_WEIGHTS_DIR"])
+if os.environ.get("PROBE_HANG_DUMP"):
+    faulthandler.dump_traceback_later(float(os.environ["PROBE_HANG_DUMP"]), exit=False)
