@@ -390,7 +390,9 @@ class Trainer:
         )
         if epoch_done or stop or time_due or segment or (every > 0 and self.pos.step % every == 0):
             self.save_checkpoint()
-        return "stop" if stop else "segment" if segment else ""
+        if stop and self.pos.step < self.total_steps:  # a signal after the last step: done
+            return "stop"
+        return "segment" if segment else ""
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, stop: StopRequest) -> Result:
