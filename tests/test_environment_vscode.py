@@ -10,7 +10,6 @@ OpenSSH itself (`ssh -G`, which reads the configuration without connecting).
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -176,7 +175,6 @@ def _ssh_resolve(config: Path, host: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_ssh_config_resolves_with_openssh(case: tuple[Bake, dict[str, str]]) -> None:
     result, answers = case
     preset = PRESETS[answers["cluster"]]
