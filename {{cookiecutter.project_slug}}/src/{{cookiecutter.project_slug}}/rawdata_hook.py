@@ -31,11 +31,16 @@ from .rawdata import IGNORED_NAMES, MANIFEST_PATH, PERMISSIONS, compare, default
 _SHOWN = 10  # problems listed before "and N more"
 
 
-def _git(*args: str) -> str:
+def _git_exe() -> str:
     git = shutil.which("git")
     if git is None:
         raise RawDataError("git is not on PATH")
-    result = subprocess.run([git, *args], capture_output=True, text=True, check=False)  # noqa: S603
+    return git
+
+
+def _git(*args: str) -> str:
+    command = [_git_exe(), *args]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
     if result.returncode != 0:
         raise RawDataError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
@@ -45,8 +50,8 @@ def _blob_digest(oid: str) -> tuple[int, str]:
     """Size and SHA-256 of a staged blob, streamed from git in 1 MiB chunks."""
     digest = hashlib.sha256()
     size = 0
-    git = shutil.which("git") or "git"
-    with subprocess.Popen([git, "cat-file", "blob", oid], stdout=subprocess.PIPE) as proc:  # noqa: S603
+    command = [_git_exe(), "cat-file", "blob", oid]
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as proc:  # noqa: S603
         assert proc.stdout is not None
         while chunk := proc.stdout.read(1 << 20):
             digest.update(chunk)
