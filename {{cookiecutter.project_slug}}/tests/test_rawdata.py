@@ -49,6 +49,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for rel, content in FILES.items():
         (raw / rel).parent.mkdir(parents=True, exist_ok=True)
         (raw / rel).write_bytes(content)
+        (raw / rel).chmod(0o644)  # the same modes under any umask
     (raw / ".gitkeep").touch()
     (raw / "images" / "0002.bin").chmod(0o755)
     rawdata.freeze(Path("data/raw"), Path(rawdata.MANIFEST_PATH), update=False)
