@@ -236,6 +236,23 @@ def test_freeze_without_update_never_rewrites_the_manifest(
     assert manifest.read_bytes() == before
 
 
+def test_unrecordable_file_name_stops_freeze_before_any_change(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = project / "data" / "raw.manifest.tsv"
+    before = manifest.read_bytes()
+    odd = project / "data" / "raw" / "tab\tname.csv"
+    odd.write_text("x\n")
+    odd.chmod(0o644)
+    code, _, err = run_data(capsys, "freeze", "--update")
+    assert (code, err) == (
+        1,
+        "error: raw file name 'tab\\tname.csv' contains a tab or newline; rename it\n",
+    )
+    assert manifest.read_bytes() == before
+    assert stat.S_IMODE(odd.stat().st_mode) == 0o644
+
+
 def test_freeze_restores_recorded_permissions(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from .hashcache import HashCache
-from .manifest import Entry, RawDataError, read_manifest, write_manifest
+from .manifest import Entry, RawDataError, check_path, read_manifest, write_manifest
 from .settings import get_settings
 
 if TYPE_CHECKING:
@@ -340,6 +340,8 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
         cache.save()
         return changes
     stats = scan(raw_dir)
+    for rel in stats:  # before anything changes on disk
+        check_path(rel)
     sums = hash_files(raw_dir, stats, cache, full=full)
     entries: dict[str, Entry] = {}
     for rel, st in stats.items():
