@@ -38,7 +38,10 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int, int]]:
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A scratch project: this project's configs and the example file (or a stand-in), frozen."""
-    for name in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
+    for name in list(os.environ):  # not inside a job or a launcher, whatever runs pytest
+        if name.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")):
+            monkeypatch.delenv(name)
+    for name in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "LOCAL_TMPDIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
