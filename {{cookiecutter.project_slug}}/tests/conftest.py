@@ -9,12 +9,16 @@ import importlib
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]

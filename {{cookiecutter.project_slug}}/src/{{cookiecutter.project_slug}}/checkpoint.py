@@ -68,14 +68,17 @@ def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _load_or_warn(path: Path) -> dict[str, Any] | None:
+    try:
+        return load(path)
+    except Exception as err:  # any unreadable file: the caller falls back to the previous one
+        print(f"warning: skipping unreadable checkpoint {path}: {err}", file=sys.stderr)
+        return None
+
+
 def load_latest(directory: Path) -> dict[str, Any] | None:
     """Newest checkpoint that loads, or None when there is none (fresh start)."""
-    for step, path in reversed(list_checkpoints(directory)):
-        try:
-            return load(path)
-        except Exception as err:  # any unreadable file: fall back to the previous one
-            print(
-                f"warning: skipping unreadable checkpoint {path} (step {step}): {err}",
-                file=sys.stderr,
-            )
+    for _, path in reversed(list_checkpoints(directory)):
+        if (state := _load_or_warn(path)) is not None:
+            return state
     return None

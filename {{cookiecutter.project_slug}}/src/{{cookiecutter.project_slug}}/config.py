@@ -8,10 +8,14 @@ the program with one line that names the key, before any data is touched.
 import dataclasses
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package
+    import tomli as tomllib
 
 from .errors import ConfigError
 
