@@ -27,7 +27,8 @@ class MetricsLog:
         kept: list[dict[str, str]] = []
         if resume_step > 0 and self.path.is_file():
             with self.path.open(newline="") as f:
-                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+                rows = csv.DictReader(f)  # a row cut off by a hard kill has no valid step
+                kept = [r for r in rows if r["step"].isdigit() and int(r["step"]) <= resume_step]
         self._file = self.path.open("w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
         self._csv.writeheader()
