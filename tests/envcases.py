@@ -202,3 +202,28 @@ def def_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
         else:
             current.append(line)
     return header, sections
+
+
+# Stands in for apptainer: logs its arguments, working directory and cache variables, then
+# writes the image (or fails when FAKE_APPTAINER_FAIL is set) like `apptainer build` would.
+FAKE_APPTAINER = """#!/bin/bash
+set -eu
+log="$FAKE_APPTAINER_LOG"
+printf '%s\\n' "cwd=$PWD" "args=$*" "cache=$APPTAINER_CACHEDIR" "tmp=$APPTAINER_TMPDIR" >>"$log"
+if [[ "$1" == build ]]; then
+    [[ -d "$APPTAINER_TMPDIR" && -d "$APPTAINER_CACHEDIR" ]]
+    out="${@: -2:1}"
+    echo "partial image" >"$out"
+    [[ -z "${FAKE_APPTAINER_FAIL:-}" ]] || exit 1
+    echo "image" >"$out"
+fi
+"""
+
+
+def install_fake_apptainer(bin_dir: Path) -> Path:
+    """Put the stand-in `apptainer` into bin_dir (created); return bin_dir."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "apptainer"
+    fake.write_text(FAKE_APPTAINER)
+    fake.chmod(0o755)
+    return bin_dir

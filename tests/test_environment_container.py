@@ -9,6 +9,7 @@ on the CPU against the project's code; the build script runs for real with a sta
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import stat
 import sys
@@ -17,7 +18,17 @@ from pathlib import Path
 
 import pytest
 from engines import Bake
-from envcases import CASES, PRESETS, answers_of, baked, def_sections, run, tool, working_copy
+from envcases import (
+    CASES,
+    PRESETS,
+    answers_of,
+    baked,
+    def_sections,
+    install_fake_apptainer,
+    run,
+    tool,
+    working_copy,
+)
 from spython.main.parse.parsers import SingularityParser
 
 APPTAINER_CASES = sorted(c for c in CASES if answers_of(c)["environment"] == "apptainer")
@@ -178,30 +189,11 @@ def test_test_section_runs_on_cpu(case: tuple[Bake, dict[str, str]], tmp_path: P
 
 # --- build job ---------------------------------------------------------------------------------
 
-# Stands in for apptainer: logs its arguments, working directory and cache variables, then
-# writes the image (or fails when FAKE_APPTAINER_FAIL is set) like `apptainer build` would.
-FAKE_APPTAINER = """#!/bin/bash
-set -eu
-log="$FAKE_APPTAINER_LOG"
-printf '%s\\n' "cwd=$PWD" "args=$*" "cache=$APPTAINER_CACHEDIR" "tmp=$APPTAINER_TMPDIR" >>"$log"
-if [[ "$1" == build ]]; then
-    [[ -d "$APPTAINER_TMPDIR" && -d "$APPTAINER_CACHEDIR" ]]
-    out="${@: -2:1}"
-    echo "partial image" >"$out"
-    [[ -z "${FAKE_APPTAINER_FAIL:-}" ]] || exit 1
-    echo "image" >"$out"
-fi
-"""
-
 
 def _build_env(
     tmp_path: Path, project: Path, tmp_var: str, *, gpu: bool = False
 ) -> dict[str, str | None]:
-    bin_dir = tmp_path / "fakebin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "apptainer"
-    fake.write_text(FAKE_APPTAINER)
-    fake.chmod(0o755)
+    bin_dir = install_fake_apptainer(tmp_path / "fakebin")
     if gpu:
         smi = bin_dir / "nvidia-smi"
         smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA A100'\n")
@@ -254,9 +246,12 @@ def test_build_script_uses_the_gpu_when_there_is_one(
     result, answers = case
     project = working_copy(result.project, tmp_path)
     env = _build_env(tmp_path, project, PRESETS[answers["cluster"]]["node_tmp_var"], gpu=True)
+    env["USER"] = None  # not every batch environment sets it
     done = run(["bash", "container/build.sh"], project, env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "args=build --fakeroot --nv " in (tmp_path / "apptainer.log").read_text()
+    log = (tmp_path / "apptainer.log").read_text()
+    assert "args=build --fakeroot --nv " in log
+    assert f"cache={tmp_path}/node/apptainer-cache-{pwd.getpwuid(os.getuid()).pw_name}" in log
 
 
 def test_failed_build_keeps_the_old_image(
