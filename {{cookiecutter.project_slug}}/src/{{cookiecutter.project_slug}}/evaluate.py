@@ -26,7 +26,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     """Test loss and accuracy; writes `evaluation.json` and a confusion matrix figure."""
     cfg, state = load_run(run_dir)
     splits = load_splits(processed_path(cfg, settings))
-    device = pick_device(device_name, 0)
+    device = pick_device(device_name, DistEnv())
     model = build_model(cfg.model, splits.input_shape, len(splits.classes)).to(device)
     model.load_state_dict(state["model"])
     dtype = autocast_dtype(cfg.train.precision, device)

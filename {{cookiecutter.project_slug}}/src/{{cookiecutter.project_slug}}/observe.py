@@ -27,8 +27,9 @@ class MetricsLog:
         kept: list[dict[str, str]] = []
         if resume_step > 0 and self.path.is_file():
             with self.path.open(newline="") as f:
-                rows = csv.DictReader(f)  # a row cut off by a hard kill has no valid step
-                kept = [r for r in rows if r["step"].isdigit() and int(r["step"]) <= resume_step]
+                # A row cut off by a hard kill lacks fields (None); it is dropped too.
+                rows = [r for r in csv.DictReader(f) if None not in r.values()]
+                kept = [r for r in rows if int(r["step"]) <= resume_step]
         self._file = self.path.open("w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
         self._csv.writeheader()

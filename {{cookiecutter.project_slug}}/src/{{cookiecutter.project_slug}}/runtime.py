@@ -10,7 +10,7 @@ from .distributed import DistEnv
 from .errors import ConfigError
 
 
-def pick_device(preference: str, local_rank: int) -> torch.device:
+def pick_device(preference: str, denv: DistEnv) -> torch.device:
     """`auto` takes CUDA (this rank's GPU), then Apple MPS, then the CPU."""
     if preference == "auto":
         if torch.cuda.is_available():
@@ -22,7 +22,15 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     if preference == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("train.device: 'cuda' requested but no CUDA device is visible")
-        index = local_rank % torch.cuda.device_count()
+        count = torch.cuda.device_count()
+        # One GPU visible per task (Slurm's per-task binding) is fine; several visible GPUs
+        # and more local processes than GPUs would put two processes on one GPU.
+        if 1 < count < denv.local_world_size:
+            raise ConfigError(
+                f"{denv.local_world_size} processes on this node but {count} GPUs: start one "
+                "task per GPU (--ntasks-per-node = GPUs per node)"
+            )
+        index = denv.local_rank % count
         torch.cuda.set_device(index)  # before the process group starts, see distributed.init
         return torch.device("cuda", index)
     if preference == "mps" and not torch.backends.mps.is_available():

@@ -165,7 +165,7 @@ def train(
     denv = distributed.resolve_env()
     configure_backends(cfg.run.deterministic)
     limit_threads(denv)
-    device = pick_device(cfg.train.device, denv.local_rank)
+    device = pick_device(cfg.train.device, denv)
     # From here on a stop signal only sets the flag, also during the (slow) set-up.
     with catch_stop_signals() as stop:
         distributed.init(denv, device, cfg.dist.backend, cfg.dist.timeout_minutes)
