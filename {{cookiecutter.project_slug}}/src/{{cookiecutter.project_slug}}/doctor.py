@@ -63,10 +63,11 @@ def host_to_device_gbs(device: torch.device, mib: int = 256) -> float:
 
 def _software_and_gpus(cuda: bool) -> None:
     print(f"python   {sys.version.split()[0]} ({sys.executable})")
+    nccl = torch.cuda.nccl.version() if cuda else "-"  # a tuple in recent releases
     print(
         f"torch    {torch.__version__}, CUDA {torch.version.cuda or '-'}, cuDNN "
         f"{torch.backends.cudnn.version() if cuda else '-'}, NCCL "
-        f"{'.'.join(map(str, torch.cuda.nccl.version())) if cuda else '-'}"
+        f"{'.'.join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}"
     )
     print(f"host     {platform.node()}, {cpus_available()} usable CPUs of {os.cpu_count()}")
     for i in range(torch.cuda.device_count() if cuda else 0):
