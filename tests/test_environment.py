@@ -266,7 +266,9 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     train = dry("train", "ARGS=train.epochs=1")
     assert f"-m {slug} train train.epochs=1" in train
     if answers["environment"] == "apptainer":
-        assert f"apptainer exec --nv --env PYTHONPATH={project}/src container/{slug}.sif" in train
+        raw = f"{project}/data/raw"
+        assert f"apptainer exec --nv --bind {raw}:{raw}:ro --env PYTHONPATH={project}/src" in train
+        assert f"container/{slug}.sif python -m {slug} train" in train
         assert "sbatch container/build.sh" in dry("container")
     assert "pre-commit run --all-files" in dry("lint")
     assert "-m pytest" in dry("test")

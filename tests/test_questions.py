@@ -30,6 +30,7 @@ PRESET_KEYS = {
     "default_memory",
     "default_cpus_per_gpu",
     "partitions",
+    "internet_constraint",
 }
 REQUIRED = {
     "project_name",
