@@ -109,6 +109,77 @@ def test_cpu_only_command_from_the_header_runs_without_a_gpu(project: JobProject
     assert "device cpu" in log
 
 
+# Stands in for Apptainer (no container engine here): records its arguments, applies --pwd
+# and --env, and runs the command after the image, as `apptainer exec` would inside it.
+FAKE_APPTAINER = """#!/bin/bash
+echo "$*" >> "$FAKE_APPTAINER_LOG"
+[[ "$1" == exec ]] || exit 64
+shift
+while (($#)); do
+    case "$1" in
+        --nv) shift ;;
+        --bind) shift 2 ;;
+        --pwd) cd "$2" && shift 2 ;;
+        --env) export "${2?}" && shift 2 ;;
+        *.sif) shift && break ;;
+        *) echo "fake apptainer: unexpected $1" >&2 && exit 64 ;;
+    esac
+done
+exec "$@"
+"""
+
+
+def test_apptainer_job_runs_python_in_the_image_with_binds(
+    cluster: LocalSlurm, template: Path, tmp_path: Path
+) -> None:
+    baked = bake("cookiecutter", template, tmp_path, {"environment": "apptainer"})
+    assert baked.ok, baked.stderr
+    make_venv(baked.project)
+    proj = JobProject(baked.project, cluster)
+    proj.cli("prepare")
+    (proj.path / "container" / f"{proj.slug}.sif").touch()
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    calls = tmp_path / "apptainer.log"
+    # The image's python: the project venv's (no venv is activated in this environment).
+    path = f"{tools}:{proj.python.parent}:{proj.env()['PATH']}"
+    job = proj.sbatch(
+        "slurm/train.sbatch",
+        "train.epochs=1",
+        "run.name=boxed",
+        "run.figures=false",
+        PATH=path,
+        FAKE_APPTAINER_LOG=str(calls),
+    )
+    info = proj.finished(job)
+    log = proj.log(f"{proj.slug}-{job}")
+    assert info["JobState"] == "COMPLETED", log
+    root = proj.path
+    assert calls.read_text().split() == [
+        "exec",
+        "--nv",
+        "--bind",
+        str(root),
+        "--bind",
+        f"{root}/data/raw:{root}/data/raw:ro",  # raw data read-only
+        "--pwd",
+        str(root),
+        "--env",
+        f"PYTHONPATH={root}/src",
+        f"container/{proj.slug}.sif",
+        "python",
+        "-m",
+        proj.slug,
+        "train",
+        "train.epochs=1",
+        "run.name=boxed",
+        "run.figures=false",
+    ]
+    assert json.loads((root / "runs/boxed/summary.json").read_text())["status"] == "finished"
+
+
 def test_sweep_runs_every_task_with_its_parameters(project: JobProject) -> None:
     lines = [
         ln.split()

@@ -92,8 +92,10 @@ activate_environment() {
     local image="${CONTAINER_IMAGE:-container/{{ slug }}.sif}"
     [[ -f "$image" ]] || die "no image $image: build it with 'make container'"
     local data runs tmp
-    data=$(absolute "$(env_or_dotenv DATA_DIR)"); [[ "$data" == "$PWD/" ]] && data="$PWD/data"
-    runs=$(absolute "$(env_or_dotenv RUNS_DIR)"); [[ "$runs" == "$PWD/" ]] && runs="$PWD/runs"
+    data=$(env_or_dotenv DATA_DIR)
+    data=$(absolute "${data:-data}")
+    runs=$(env_or_dotenv RUNS_DIR)
+    runs=$(absolute "${runs:-runs}")
     local binds=(--bind "$PWD")
     [[ "$data" == "$PWD"/* || ! -d "$data" ]] || binds+=(--bind "$data")
     [[ "$runs" == "$PWD"/* || ! -d "$runs" ]] || binds+=(--bind "$runs")
