@@ -20,12 +20,7 @@ from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import (
-    LocalSlurm,
-    gpu_types_from_presets,
-    load_presets,
-    partitions_from_presets,
-)
+from slurm.localslurm import LocalSlurm, for_presets, load_presets
 from slurm.project import JobProject, make_venv, require_slurm, resumed_step, same_weights
 
 pytestmark = pytest.mark.slurm
@@ -41,9 +36,7 @@ SLOW = {"PROBE_STEP_DELAY": "0.5"}
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="slurm-jobs-", dir="/tmp"))
-    instance = LocalSlurm(
-        root, partitions=partitions_from_presets(PRESETS), gpus=gpu_types_from_presets(PRESETS)
-    )
+    instance = for_presets(root, PRESETS)
     start = time.monotonic()
     instance.start()
     print(f"\nslurm (1 node) up in {time.monotonic() - start:.2f} s")
@@ -389,6 +382,8 @@ def test_sbatch_test_only_accepts_every_script(
     assert baked.ok, baked.stderr
     scripts = sorted((baked.project / "slurm").glob("*.sbatch"))
     assert [s.name for s in scripts] == ["sweep.sbatch", "train.sbatch"]
+    if answers.get("environment") == "apptainer":  # the image build job (container/)
+        scripts.append(baked.project / "container" / "build.sh")
     for script in scripts:
         res = cluster.run("sbatch", "--test-only", str(script), cwd=baked.project, check=False)
         assert res.returncode == 0, f"{script.name}: {res.stderr}"

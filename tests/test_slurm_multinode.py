@@ -16,12 +16,7 @@ from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import (
-    LocalSlurm,
-    gpu_types_from_presets,
-    load_presets,
-    partitions_from_presets,
-)
+from slurm.localslurm import LocalSlurm, for_presets, load_presets
 from slurm.project import (
     JobProject,
     make_venv,
@@ -50,12 +45,7 @@ TOLERANCE = 1e-5
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="slurm-2nodes-", dir="/tmp"))
-    instance = LocalSlurm(
-        root,
-        nodes=["node1", "node2"],
-        partitions=partitions_from_presets(PRESETS),
-        gpus=gpu_types_from_presets(PRESETS),
-    )
+    instance = for_presets(root, PRESETS, ["node1", "node2"])
     start = time.monotonic()
     instance.start()
     print(f"\nslurm (2 nodes) up in {time.monotonic() - start:.2f} s")

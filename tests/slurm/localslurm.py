@@ -91,6 +91,13 @@ def partitions_from_presets(presets: dict[str, dict]) -> dict[str, str]:
     return parts
 
 
+def features_from_presets(presets: dict[str, dict]) -> list[str]:
+    """Node features the presets' scripts ask for (e.g. `inet`, internet access on Grete)."""
+    return sorted(
+        {p["internet_constraint"] for p in presets.values() if p.get("internet_constraint")}
+    )
+
+
 def gpu_types_from_presets(presets: dict[str, dict]) -> dict[str, int]:
     """Fake GPU types a node needs for every preset's requests, with a count per type.
 
@@ -109,6 +116,17 @@ def gpu_types_from_presets(presets: dict[str, dict]) -> dict[str, int]:
     return types or {"A100": 8}
 
 
+def for_presets(root: Path, presets: dict[str, dict], nodes: list[str] | None = None) -> LocalSlurm:
+    """An instance whose nodes can run every preset's scripts unchanged."""
+    return LocalSlurm(
+        root,
+        nodes=nodes or [short_hostname()],
+        partitions=partitions_from_presets(presets),
+        gpus=gpu_types_from_presets(presets),
+        features=features_from_presets(presets),
+    )
+
+
 @dataclass
 class LocalSlurm:
     """One Slurm instance rooted at `root` (created, must not be inside a 0700 directory)."""
@@ -118,6 +136,7 @@ class LocalSlurm:
     cpus: int = 64
     mem_mb: int = 512_000
     gpus: dict[str, int] = field(default_factory=lambda: {"A100": 8})  # fake GPUs per type
+    features: list[str] = field(default_factory=list)  # for --constraint
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "INFINITE"})
     pids: dict[str, int] = field(default_factory=dict)
     added_hosts: bool = False
@@ -180,7 +199,8 @@ class LocalSlurm:
         node_lines = [
             f"NodeName={name} NodeHostname={short_hostname()} NodeAddr=127.0.0.1"
             f" Port={free_port()} CPUs={self.cpus} RealMemory={self.mem_mb}"
-            f"{' Gres=' + gres if gres else ''} State=UNKNOWN"
+            f"{' Gres=' + gres if gres else ''}"
+            f"{' Features=' + ','.join(self.features) if self.features else ''} State=UNKNOWN"
             for name in self.nodes
         ]
         part_lines = [
@@ -436,11 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             print(reason, file=sys.stderr)
             return 1
         presets = load_presets(args.presets)
-        cluster = LocalSlurm(
-            root, partitions=partitions_from_presets(presets), gpus=gpu_types_from_presets(presets)
-        )
-        if args.nodes:
-            cluster.nodes = args.nodes.split(",")
+        cluster = for_presets(root, presets, args.nodes.split(",") if args.nodes else None)
         t0 = time.monotonic()
         cluster.start()
         print(f"up in {time.monotonic() - t0:.2f} s; export SLURM_CONF={cluster.conf}")
