@@ -85,3 +85,8 @@ def test_cli_reports_a_bad_key_in_one_line_with_exit_2(capsys: pytest.CaptureFix
     assert code == 2
     assert err.startswith("error: unknown config key 'train.bogus'")
     assert err.count("\n") == 1
+
+
+def test_cli_reports_a_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pkg("cli").main(["train", "--config", "no/such/file.toml"]) == 2
+    assert "config file not found: no/such/file.toml" in capsys.readouterr().err

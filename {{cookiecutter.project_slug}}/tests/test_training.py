@@ -148,3 +148,17 @@ def test_tensorboard_tracking_writes_event_files(project: Path) -> None:
     cfg = cfg_with("run.name=tb", "run.tracking=tensorboard", "train.epochs=1")
     trainer.train(cfg, synthetic_splits())
     assert list((project / "runs" / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_checkpoints_by_wall_clock_between_epoch_ends(project: Path) -> None:
+    cfg = cfg_with(
+        "run.name=clock",
+        "train.batch_size=16",
+        "train.epochs=2",
+        "run.keep_checkpoints=100",
+        "run.checkpoint_every_minutes=0.00001",  # well under one step
+    )
+    trainer.train(cfg, synthetic_splits())
+    steps = [s for s, _ in checkpoint.list_checkpoints(project / "runs" / "clock" / "checkpoints")]
+    assert len(steps) > 2 * 2  # far more than the two epoch ends
+    assert any(s % 26 for s in steps)  # 26 steps per epoch: these are not epoch ends
