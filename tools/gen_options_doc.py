@@ -166,6 +166,7 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         ("default_time", "default `time_limit`"),
         ("default_memory", "default `memory`"),
         ("default_cpus_per_gpu", "default `cpus_per_gpu`"),
+        ("internet_constraint", "Slurm constraint (`-C`) that gives a job internet access"),
     ]
     out += ["| key | value | meaning |", "| --- | --- | --- |"]
     # Keys this page has no words for yet still appear, so a new preset key is never hidden.
