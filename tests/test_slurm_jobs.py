@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import LocalSlurm, for_presets, load_presets
+from slurm.localslurm import LocalSlurm, load_presets
 from slurm.project import JobProject, make_venv, require_slurm, resumed_step, same_weights
 
 pytestmark = pytest.mark.slurm
@@ -36,7 +36,7 @@ SLOW = {"PROBE_STEP_DELAY": "0.5"}
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="slurm-jobs-", dir="/tmp"))
-    instance = for_presets(root, PRESETS)
+    instance = LocalSlurm(root)  # shaped by the presets
     start = time.monotonic()
     instance.start()
     print(f"\nslurm (1 node) up in {time.monotonic() - start:.2f} s")

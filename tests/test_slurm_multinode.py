@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import LocalSlurm, for_presets, load_presets
+from slurm.localslurm import LocalSlurm, load_presets
 from slurm.project import (
     JobProject,
     make_venv,
@@ -45,7 +45,7 @@ TOLERANCE = 1e-5
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="slurm-2nodes-", dir="/tmp"))
-    instance = for_presets(root, PRESETS, ["node1", "node2"])
+    instance = LocalSlurm(root, nodes=["node1", "node2"])  # shaped by the presets
     start = time.monotonic()
     instance.start()
     print(f"\nslurm (2 nodes) up in {time.monotonic() - start:.2f} s")

@@ -44,6 +44,7 @@ from pathlib import Path
 REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "munge")
 HOSTS_MARK = "# hpc-ml-template local slurm"
 FAKE_GPU_DEVICE = "/dev/fakegpu{}"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "presets"
 
 
 def unavailable_reason() -> str | None:
@@ -116,17 +117,6 @@ def gpu_types_from_presets(presets: dict[str, dict]) -> dict[str, int]:
     return types or {"A100": 8}
 
 
-def for_presets(root: Path, presets: dict[str, dict], nodes: list[str] | None = None) -> LocalSlurm:
-    """An instance whose nodes can run every preset's scripts unchanged."""
-    return LocalSlurm(
-        root,
-        nodes=nodes or [short_hostname()],
-        partitions=partitions_from_presets(presets),
-        gpus=gpu_types_from_presets(presets),
-        features=features_from_presets(presets),
-    )
-
-
 @dataclass
 class LocalSlurm:
     """One Slurm instance rooted at `root` (created, must not be inside a 0700 directory)."""
@@ -135,9 +125,17 @@ class LocalSlurm:
     nodes: list[str] = field(default_factory=lambda: [short_hostname()])
     cpus: int = 64
     mem_mb: int = 512_000
-    gpus: dict[str, int] = field(default_factory=lambda: {"A100": 8})  # fake GPUs per type
-    features: list[str] = field(default_factory=list)  # for --constraint
-    partitions: dict[str, str] = field(default_factory=lambda: {"debug": "INFINITE"})
+    # By default shaped by the template's presets, so their scripts run unchanged: every
+    # partition (with its max time), every GPU type they request, every node feature.
+    partitions: dict[str, str] = field(
+        default_factory=lambda: partitions_from_presets(load_presets(PRESET_DIR))
+    )
+    gpus: dict[str, int] = field(  # fake GPUs per type
+        default_factory=lambda: gpu_types_from_presets(load_presets(PRESET_DIR))
+    )
+    features: list[str] = field(  # for --constraint
+        default_factory=lambda: features_from_presets(load_presets(PRESET_DIR))
+    )
     pids: dict[str, int] = field(default_factory=dict)
     added_hosts: bool = False
 
@@ -447,7 +445,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--nodes", default="", help="comma-separated node names")
-    ap.add_argument("--presets", type=Path, default=Path(__file__).parents[2] / "presets")
     args = ap.parse_args(argv)
     root = args.dir.resolve()
     if args.action == "up":
@@ -455,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(reason, file=sys.stderr)
             return 1
-        presets = load_presets(args.presets)
-        cluster = for_presets(root, presets, args.nodes.split(",") if args.nodes else None)
+        cluster = LocalSlurm(root, nodes=args.nodes.split(",")) if args.nodes else LocalSlurm(root)
         t0 = time.monotonic()
         cluster.start()
         print(f"up in {time.monotonic() - t0:.2f} s; export SLURM_CONF={cluster.conf}")
