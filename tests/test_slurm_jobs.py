@@ -312,6 +312,40 @@ def test_time_limit_signal_requeues_and_resumes_identically(
     assert same_weights(project.final_weights("timelimit"), reference)
 
 
+def test_retry_budget_stops_requeueing(project: JobProject) -> None:
+    job = project.sbatch(
+        "--export=ALL,MAX_REQUEUES=0", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=budget", **SLOW
+    )
+    project.wait_for("first checkpoint", lambda: project.checkpoints("budget"), 60)
+    project.cluster.run("scancel", "--signal=USR1", "--batch", job)
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-{job}")
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "3:0", "0"), log
+    assert f"not requeueing {job}: 0 requeues already (MAX_REQUEUES=0)" in log
+
+
+def test_chain_segment_stopped_by_signal_hands_over_to_the_next(project: JobProject) -> None:
+    res = project.run(
+        "slurm/chain.sh",
+        "2",
+        "run.name=handover",
+        *SIGNAL_RUN[1:],
+        "train.epochs=2",
+        env=project.env(**SLOW),
+    )
+    assert res.returncode == 0, res.stderr
+    first, second = res.stdout.split()
+    project.wait_for("first checkpoint", lambda: project.checkpoints("handover"), 60)
+    project.cluster.run("scancel", "--signal=USR1", "--batch", first)  # as at a time limit
+    infos = [project.finished(j) for j in (first, second)]
+    logs = [project.log(f"{project.slug}-{j}") for j in (first, second)]
+    assert [(i["JobState"], i["Restarts"]) for i in infos] == [("COMPLETED", "0")] * 2, logs
+    assert "AUTO_REQUEUE=0, so the next job of the chain continues" in logs[0]
+    assert 0 < resumed_step(logs[1]) < 22
+    summary = json.loads((project.path / "runs/handover/summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("finished", 22)
+
+
 def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) -> None:
     # A stand-in nvitop on PATH: the GPU view must pick it and run inside the job's allocation.
     fake = tmp_path / "bin" / "nvitop"
