@@ -65,7 +65,7 @@ def configure_backends(deterministic: bool) -> None:
         # cuBLAS needs this workspace setting to be deterministic; it must be set before the
         # first cuBLAS call, which is why it is set here and not later.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def seed_everything(seed: int) -> None:
