@@ -39,6 +39,9 @@ ENV_COMMANDS = {
 }
 
 
+MANIFEST_COLUMNS = 4
+
+
 def _git(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True, check=False)
 
@@ -70,10 +73,26 @@ def first_commit(project: Path, author: str, email: str) -> str:
     return "Initialised a git repository with a first commit."
 
 
+def protect_raw_data(project: Path) -> None:
+    """Give shipped raw files the modes their manifest records (read-only).
+
+    Engines write files with the default mode; without this the first `prepare` would warn
+    that the raw data's permissions differ from the manifest. Columns: path, size, mode, sha256.
+    """
+    manifest = project / "data" / "raw.manifest.tsv"
+    if not manifest.is_file():
+        return
+    for line in manifest.read_text("utf-8").splitlines()[1:]:
+        fields = line.split("\t")
+        if len(fields) == MANIFEST_COLUMNS and (project / "data" / "raw" / fields[0]).is_file():
+            (project / "data" / "raw" / fields[0]).chmod(int(fields[2], 8))
+
+
 def main(answers: dict[str, Any], *, may_commit: bool) -> int:
-    """Make the first commit when asked and allowed, then print the next steps."""
+    """Protect the raw data, make the first commit when asked and allowed, print next steps."""
     project = Path.cwd()
     slug = answers["project_slug"]
+    protect_raw_data(project)
     if may_commit and answers.get("git_init") == "yes":
         print(first_commit(project, answers["author_name"], answers["author_email"]))
     print(
