@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
-import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import LocalSlurm, load_presets
+from slurm.localslurm import LocalSlurm, load_presets, temporary_cluster
 from slurm.project import JobProject, make_venv, require_slurm, resumed_step, same_weights
 
 pytestmark = pytest.mark.slurm
@@ -35,16 +33,8 @@ SLOW = {"PROBE_STEP_DELAY": "0.5"}
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
-    root = Path(tempfile.mkdtemp(prefix="slurm-jobs-", dir="/tmp"))
-    instance = LocalSlurm(root)  # shaped by the presets
-    start = time.monotonic()
-    instance.start()
-    print(f"\nslurm (1 node) up in {time.monotonic() - start:.2f} s")
-    yield instance
-    start = time.monotonic()
-    instance.stop()
-    print(f"\nslurm (1 node) down in {time.monotonic() - start:.2f} s")
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_cluster("slurm-jobs-") as instance:  # shaped by the presets
+        yield instance
 
 
 @pytest.fixture(scope="module")

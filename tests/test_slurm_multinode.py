@@ -8,15 +8,12 @@ rank 0 on node1, rank 1 on node2.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from engines import ROOT, bake
-from slurm.localslurm import LocalSlurm, load_presets
+from slurm.localslurm import LocalSlurm, load_presets, temporary_cluster
 from slurm.project import (
     JobProject,
     make_venv,
@@ -44,16 +41,10 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalSlurm]:
     require_slurm()
-    root = Path(tempfile.mkdtemp(prefix="slurm-2nodes-", dir="/tmp"))
-    instance = LocalSlurm(root, nodes=["node1", "node2"])  # shaped by the presets
-    start = time.monotonic()
-    instance.start()
-    print(f"\nslurm (2 nodes) up in {time.monotonic() - start:.2f} s")
-    yield instance
-    start = time.monotonic()
-    instance.stop()
-    print(f"\nslurm (2 nodes) down in {time.monotonic() - start:.2f} s")
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_cluster(
+        "slurm-2nodes-", nodes=["node1", "node2"]
+    ) as instance:  # shaped by the presets
+        yield instance
 
 
 @pytest.fixture(scope="module")

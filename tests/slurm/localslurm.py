@@ -36,8 +36,10 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -405,6 +407,25 @@ class LocalSlurm:
             time.sleep(0.3)
         self.run("scancel", job_id, check=False)
         raise TimeoutError(f"job {job_id} still queued after {timeout} s")
+
+
+@contextlib.contextmanager
+def temporary_cluster(prefix: str, **options) -> Iterator[LocalSlurm]:
+    """A started instance in a fresh directory under /tmp; stopped and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        instance = LocalSlurm(root, **options)
+        start = time.monotonic()
+        instance.start()
+        print(f"\nslurm {','.join(instance.nodes)} up in {time.monotonic() - start:.2f} s")
+        try:
+            yield instance
+        finally:
+            start = time.monotonic()
+            instance.stop()
+            print(f"\nslurm {','.join(instance.nodes)} down in {time.monotonic() - start:.2f} s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
