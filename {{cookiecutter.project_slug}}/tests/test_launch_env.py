@@ -30,6 +30,8 @@ def test_rendezvous_from_slurm_is_the_same_on_every_rank() -> None:
     assert distributed.rendezvous(env) == ("ggpu07", 20000 + 1234567 % 20000)
     array_task = distributed.rendezvous({**env, "SLURM_ARRAY_TASK_ID": "3"})
     assert array_task[1] != distributed.rendezvous(env)[1]
+    requeued = distributed.rendezvous({**env, "SLURM_RESTART_COUNT": "1"})
+    assert requeued[1] == distributed.rendezvous(env)[1] + 1
     explicit = {**env, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert distributed.rendezvous(explicit) == ("10.0.0.1", 29500)
 

@@ -76,8 +76,12 @@ def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
     if env.get("MASTER_PORT"):
         return addr, int(env["MASTER_PORT"])
     # A port in 20000-39999 from the job (and array task) id: the same on every rank, and two
-    # jobs sharing a node collide only if their ids agree in the last four digits.
-    job = int(env.get("SLURM_JOB_ID") or 0) + int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    # jobs sharing a node collide only if their ids agree in the last four digits. A requeued
+    # job moves on by its restart count, clear of sockets its previous attempt left behind.
+    job = sum(
+        int(env.get(name) or 0)
+        for name in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT")
+    )
     return addr, 20000 + job % 20000
 
 
