@@ -26,6 +26,8 @@ $(STAMP): requirements-test.txt
 
 demo: $(STAMP) ## Bake the default project into build/demo and run its example end to end
 	rm -rf $(DEMO)
+	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
+	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
 	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
