@@ -27,18 +27,20 @@ Created {name} in {path}
 Next steps:
   cd {path}
   {env}
-  {slug} prepare && {slug} train       # the example on this machine's CPU or GPU
-  sbatch slurm/train.sbatch            # the same on a GPU node of {cluster}
-Read README.md for the rest.
+  make data train       # {data}
+  make submit           # the same training as a job on a GPU node of {cluster}
+Read README.md for the rest; `make help` lists every command.
 """
 
 ENV_COMMANDS = {
-    "venv": "make install                       # venv + pip install -e '.[dev]'",
-    "conda": "make install && conda activate ./.conda   # prefix env from environment.yml",
-    "apptainer": "make container                     # build the image on a compute node",
+    "venv": "make install          # .venv with the project, its dev tools and git hooks",
+    "conda": "make install          # conda prefix env ./.conda from environment.yml",
+    "apptainer": "make container        # build the image (a job on a compute node)",
 }
-
-
+DATA_STEP = {
+    "yes": "prepare the example data and train right here (CPU or GPU)",
+    "no": "once data/raw holds your data and data.py reads it (data/README.md)",
+}
 MANIFEST_COLUMNS = 4
 
 
@@ -91,7 +93,6 @@ def protect_raw_data(project: Path) -> None:
 def main(answers: dict[str, Any], *, may_commit: bool) -> int:
     """Protect the raw data, make the first commit when asked and allowed, print next steps."""
     project = Path.cwd()
-    slug = answers["project_slug"]
     protect_raw_data(project)
     if may_commit and answers.get("git_init") == "yes":
         print(first_commit(project, answers["author_name"], answers["author_email"]))
@@ -99,8 +100,8 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
         NEXT_STEPS.format(
             name=answers["project_name"],
             path=project,
-            env=ENV_COMMANDS[answers["environment"]].format(slug=slug),
-            slug=slug,
+            env=ENV_COMMANDS[answers["environment"]],
+            data=DATA_STEP[answers["example"]],
             cluster=answers["cluster"],
         )
     )
