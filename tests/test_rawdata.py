@@ -109,8 +109,12 @@ def test_fresh_project_freezes_and_verifies_its_example(default_bake: Bake, tmp_
             ["git", "ls-files", "data"], cwd=project, capture_output=True, text=True, check=True
         ).stdout.split()
         assert {"data/raw/digits.csv.gz", "data/raw.manifest.tsv"} <= set(listed)
+    # The post-generation step gave the example the manifest's read-only mode.
+    assert data_command(project, "verify").returncode == 0
+    # A git clone writes files writable again: verify says so ...
+    (project / "data" / "raw" / "digits.csv.gz").chmod(0o644)
     first = data_command(project, "verify")
-    assert first.returncode == 1  # generated files are writable ...
+    assert first.returncode == 1
     assert first.stdout.startswith("permissions data/raw/digits.csv.gz (mode 0644")
     freeze = data_command(project, "freeze")  # ... until the first freeze
     assert freeze.returncode == 0, freeze.stderr
