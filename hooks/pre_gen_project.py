@@ -31,33 +31,13 @@ if TYPE_CHECKING:
 
 # Packages the generated project imports or installs: a slug equal to one of them would
 # shadow it on sys.path and break the project in confusing ways.
-PROJECT_DEPENDENCIES = frozenset(
-    {
-        "torch",
-        "dotenv",
-        "tqdm",
-        "matplotlib",
-        "numpy",
-        "tensorboard",
-        "pytest",
-        "ruff",
-        "setuptools",
-        "pip",
-        "pre_commit",
-        "nvitop",
-        "pynvml",
-        "snakemake",
-        "PIL",
-        "yaml",
-        "typing_extensions",
-        "jinja2",
-        "packaging",
-        "wheel",
-        "tests",
-        "src",
-        "data",
-    }
-)
+# fmt: off
+PROJECT_DEPENDENCIES = frozenset({
+    "torch", "dotenv", "tqdm", "matplotlib", "numpy", "tensorboard", "pytest", "ruff",
+    "setuptools", "pip", "pre_commit", "nvitop", "pynvml", "snakemake", "PIL", "yaml",
+    "typing_extensions", "jinja2", "packaging", "wheel", "tomli", "tests", "src", "data",
+})
+# fmt: on
 
 _SLUG = re.compile(r"[a-z][a-z0-9_]*")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
