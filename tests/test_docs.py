@@ -149,6 +149,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     }
     for page in PAGES:
         assert page.relative_to(DOCS) in built, f"{page} was not built"
+    # Nothing the pages load (scripts, styles, fonts, images) comes from the web.
+    for html in (tmp_path / "site").rglob("*.html"):
+        text = html.read_text("utf-8")
+        remote = re.findall(r'src="https?://[^"]+"|<link[^>]+href="https?://[^"]+"', text)
+        assert not remote, f"{html.name} loads {remote}"
 
 
 def test_every_page_is_in_the_nav() -> None:
