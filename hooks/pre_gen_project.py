@@ -55,6 +55,9 @@ _TIME = re.compile(
 # Characters that a shell or a TOML/YAML string would treat specially; none may reach an
 # unquoted shell word. Free-text answers are escaped where they are written instead.
 _SHELL_SPECIAL = set("\"'`$\\;&|<>()[]{}*?!~#\n\r\t ")
+# Shell words are printable ASCII: no non-breaking space or other invisible character pasted
+# from a web page, which Slurm's option parser rejects.
+_PRINTABLE_ASCII = re.compile(r"[!-~]*")
 _TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
 MAX_NODES = 1024
 MAX_GPUS = 64
@@ -63,6 +66,7 @@ MAX_SLUG = 50
 MAX_TEXT = 200
 MAX_SEXAGESIMAL = 59
 MAX_HOUR = 23
+SNAKEMAKE_MIN_PYTHON = (3, 11)
 MIN_TIME = 60  # seconds: Slurm counts in minutes
 
 
@@ -79,7 +83,7 @@ def to_slug(name: str) -> str:
 
 def parse_time(value: str) -> int | None:
     """Return a Slurm time limit in seconds, or None when the format is not one of Slurm's."""
-    match = _TIME.fullmatch(value.strip())
+    match = _TIME.fullmatch(value)
     if not match:
         return None
     g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
@@ -98,10 +102,8 @@ def parse_time(value: str) -> int | None:
 
 def _int(value: str) -> int | None:
     """Read an integer answer; engines pass numbers as strings (cookiecutter, cruft)."""
-    try:
-        return int(value.strip())
-    except ValueError:
-        return None
+    # int() would accept spaces and non-ASCII digits, which then reach a shell script.
+    return int(value) if re.fullmatch(r"-?[0-9]+", value) else None
 
 
 def _one_line_text(field: str, value: str) -> str:
@@ -203,6 +205,14 @@ def check_time_limit(value: str, answers: Mapping[str, Any], presets: Mapping[st
     return ""
 
 
+def check_snakemake(value: str, answers: Mapping[str, Any], _presets: Mapping[str, Any]) -> str:
+    """The workflow needs snakemake 9, which runs on Python 3.11 and newer only."""
+    version = tuple(int(p) for p in str(answers.get("python_version", "3.11")).split("."))
+    if value == "yes" and version < SNAKEMAKE_MIN_PYTHON:
+        return _say("snakemake", value, "needs python_version 3.11 or newer (snakemake 9)")
+    return ""
+
+
 # Field -> rule. Rules in CONTEXT_RULES also see the answers so far and the presets.
 RULES: dict[str, Callable[[str], str]] = {
     "project_name": lambda v: _one_line_text("project_name", v),
@@ -220,6 +230,7 @@ RULES: dict[str, Callable[[str], str]] = {
 CONTEXT_RULES: dict[str, Callable[[str, Mapping[str, Any], Mapping[str, Any]], str]] = {
     "gpus_per_node": check_gpus_per_node,
     "time_limit": check_time_limit,
+    "snakemake": check_snakemake,
 }
 # Answers that reach shell scripts unquoted (#SBATCH lines, which Slurm never expands).
 SHELL_WORDS = (
@@ -235,8 +246,11 @@ def check(field: str, value: object, answers: Mapping[str, Any], presets: Mappin
         message = CONTEXT_RULES[field](text, answers, presets)
     else:
         message = RULES[field](text) if field in RULES else ""
-    if not message and field in SHELL_WORDS and _SHELL_SPECIAL & set(text):
-        message = _say(field, text, "must not contain quotes, spaces or shell metacharacters")
+    if not message and field in SHELL_WORDS:
+        if _SHELL_SPECIAL & set(text):
+            message = _say(field, text, "must not contain quotes, spaces or shell metacharacters")
+        elif not _PRINTABLE_ASCII.fullmatch(text):
+            message = _say(field, text, "must be printable ASCII (no invisible characters)")
     return message
 
 
@@ -259,7 +273,7 @@ class Validation(Extension):
 @pass_context
 def _hpc_check(context: Any, value: object, field: str) -> str:
     """Copier validator: the rule's message, with the preset data of the hidden question."""
-    answers = {k: context.get(k) for k in ("cluster", "partition")}
+    answers = {k: context.get(k) for k in ("cluster", "partition", "python_version")}
     return check(field, value, answers, context.get("presets") or {})
 
 

@@ -64,6 +64,10 @@ BAD: list[tuple[dict[str, str], str]] = [
     ({"time_limit": "3-00:00:00"}, "time_limit"),
     ({"time_limit": "0:30"}, "time_limit"),
     ({"time_limit": "12:00:00 --wrap=x"}, "time_limit"),
+    ({"time_limit": "12:00:00\u00a0"}, "time_limit"),  # a non-breaking space, pasted
+    ({"nodes": "\u0662"}, "nodes"),  # an Arabic-Indic digit two
+    ({"nodes": " 2"}, "nodes"),
+    ({"python_version": "3.10", "snakemake": "yes"}, "snakemake"),
     ({"cluster": "generic", "time_limit": "8-00:00:00"}, "time_limit"),
     ({"mail": "me"}, "mail"),
     ({"mail": "me@x.org;reboot"}, "mail"),
