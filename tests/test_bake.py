@@ -270,3 +270,21 @@ def test_shipped_raw_data_is_read_only(baked: tuple[Bake, dict[str, str]]) -> No
     assert len(raw) == (1 if answers["example"] == "yes" else 0)
     for path in raw:
         assert path.stat().st_mode & 0o222 == 0, f"{path.name} is writable"
+
+
+@pytest.mark.parametrize(
+    ("answers", "request_line"),
+    [
+        ({}, "#SBATCH --gpus-per-node=A100:1"),
+        ({"partition": "grete-h100", "gpus_per_node": "4"}, "#SBATCH --gpus-per-node=H100:4"),
+        ({"cluster": "generic", "partition": "gpu", "gpus_per_node": "2"}, "#SBATCH --gres=gpu:2"),
+    ],
+)
+def test_gpu_request_follows_the_partition(
+    answers: dict[str, str], request_line: str, template: Path, tmp_path: Path
+) -> None:
+    result = bake("cookiecutter", template, tmp_path, {**answers, "git_init": "no"})
+    assert result.ok, result.stderr[-2000:]
+    for job in ("train.sbatch", "sweep.sbatch"):
+        lines = (result.project / "slurm" / job).read_text("utf-8").splitlines()
+        assert request_line in lines, job

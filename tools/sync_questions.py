@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COOKIECUTTER_JSON = ROOT / "cookiecutter.json"
 COPIER_YML = ROOT / "copier.yml"
 DEFAULT_CLUSTER = "grete"
+# cookiecutter's own keys: prompts, and the answers-file name that copier sets itself.
+NOT_DERIVED = {"__prompts__", "__answers"}
 
 
 def load_rules() -> Any:
@@ -109,8 +111,13 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
         if name in rules.RULES or name in rules.CONTEXT_RULES:
             question["validator"] = f"{{{{ {name} | hpc_check('{name}') }}}}"
         body[name] = question
-    # The cookiecutter.* namespace that the template files use, computed, never asked.
-    mapping = ", ".join(f"'{n}': {n}" for n in questions)
+    # The cookiecutter.* namespace that the template files use, computed, never asked:
+    # the answers, and the values cookiecutter derives from them ("__name": "{{ expr }}").
+    derived = [k for k in cookiecutter if k.startswith("__") and k not in NOT_DERIVED]
+    mapping = ", ".join(
+        [f"'{n}': {n}" for n in questions]
+        + [f"'{n}': ({_copier_default(cookiecutter[n]).strip()[2:-2].strip()})" for n in derived]
+    )
     body["cookiecutter"] = {
         "type": "json",
         "when": False,

@@ -114,6 +114,7 @@ def gpu_types_from_presets(presets: dict[str, dict]) -> dict[str, int]:
         value = data.get("interactive_gpu_request", "").partition("=")[2].split(":")
         value = value[1:] if value[0] == "gpu" else value
         found = [data.get("gpu_type", ""), value[0] if len(value) == 2 else ""]
+        found += [p.get("gpu_type", "") for p in data.get("partitions", {}).values()]
         for name in filter(None, found):
             types[name] = max(types.get(name, 0), count)
     return types or {"A100": 8}
