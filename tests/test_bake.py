@@ -30,7 +30,6 @@ COMBINATIONS: dict[str, dict[str, str]] = {
         "example": "no",
         "ci": "github",
         "vscode": "no",
-        "snakemake": "yes",
         "git_init": "no",
         "account": "proj_42",
         "mail": "me@example.org",

@@ -35,7 +35,8 @@ for ((segment = 1; segment <= segments; segment++)); do
     if [[ -n "$previous" ]]; then
         dependency=(--dependency="afterany:$previous")
     fi
-    previous=$(sbatch --parsable "${dependency[@]}" \
+    # ${a[@]+...}: an empty array is fine under `set -u` on bash older than 4.4 too.
+    previous=$(sbatch --parsable ${dependency[@]+"${dependency[@]}"} \
         --export="ALL,RUN_NAME=$run_name,AUTO_REQUEUE=0" slurm/train.sbatch "$@")
     previous=${previous%%;*}  # --parsable prints "id" or "id;cluster"
     echo "$previous"

@@ -62,7 +62,9 @@ activate_environment() {
     command -v conda >/dev/null 2>&1 || die "conda not found (load its module)"
     set +u
     eval "$(conda shell.bash hook)"
-    conda activate "$PWD/$prefix"
+    # A relative prefix is inside the project; CONDA_ENV_DIR may also be absolute (project storage).
+    [[ "$prefix" == /* ]] || prefix="$PWD/$prefix"
+    conda activate "$prefix"
     set -u
     PYTHON=(python)
 }

@@ -68,11 +68,14 @@ case "${1:-}" in
     *)
         [[ "$1" =~ ^[0-9]+(_[0-9]+)?$ ]] || die "$usage"
         [[ "$(job_field "$1" JobState)" == RUNNING ]] || die "job $1 is not running"
+        # srun takes numeric ids only: an array task (123_4) is addressed by its own JobId.
+        jobid=$(job_field "$1" JobId)
         node_option=()
         if [[ -n "${2:-}" ]]; then
             node_option=(--nodelist="$2")
         fi
-        exec srun --jobid="$1" --overlap --nodes=1 --ntasks=1 "${node_option[@]}" --pty \
+        # ${a[@]+...}: an empty array is fine under `set -u` on bash older than 4.4 too.
+        exec srun --jobid="$jobid" --overlap --nodes=1 --ntasks=1 ${node_option[@]+"${node_option[@]}"} --pty \
             bash -c "$(declare -f gpu_view); gpu_view"
         ;;
 esac
