@@ -101,3 +101,12 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
     assert resumed["position"] == single["position"]
     for key, value in single["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_two_ranks_finish_with_figures(project: Path) -> None:
+    # Rank 0 draws the figures alone after training: no collective may wait for rank 1 there.
+    write_synthetic(project)
+    procs = srun_like(project, free_job_id(), "train.epochs=1", "run.figures=true")
+    out = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "".join(out)
+    assert (project / "reports" / "figures" / "ddp" / "confusion_matrix.png").is_file()

@@ -159,9 +159,13 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(v) for v in tensor.tolist()]
 
 
-def sum_across(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sum of `values` over all ranks."""
-    if not _active():
+def sum_across(values: list[float], denv: DistEnv, device: torch.device) -> list[float]:
+    """Element-wise sum of `values` over the ranks of `denv`.
+
+    A single-process `denv` inside a multi-process run (rank 0 alone, e.g. for figures after
+    training) sums nothing: an all-reduce no other rank joins would fail or hang.
+    """
+    if not (denv.distributed and _active()):
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)

@@ -123,6 +123,9 @@ def evaluate_split(
 ) -> tuple[float, float, torch.Tensor]:
     """Mean loss, accuracy and this rank's predictions (in sample order) on a split.
 
+    `denv` says which samples this process scores and whose sums are added; `DistEnv()`
+    scores the whole split in this process alone, without any collective.
+
     Pass the unwrapped model: DDP's forward would sync buffers, and ranks may see different
     numbers of evaluation batches.
     """
@@ -137,7 +140,7 @@ def evaluate_split(
         count += len(y)
         predictions.append(predicted.cpu())
     model.train()
-    loss_sum, correct, count = distributed.sum_across([loss_sum, correct, count], device)
+    loss_sum, correct, count = distributed.sum_across([loss_sum, correct, count], denv, device)
     return loss_sum / max(count, 1), correct / max(count, 1), torch.cat(predictions)
 
 
