@@ -49,7 +49,8 @@ BAD: list[tuple[dict[str, str], str]] = [
     ({"nodes": "-1"}, "nodes"),
     ({"nodes": "1025"}, "nodes"),
     ({"gpus_per_node": "0"}, "gpus_per_node"),
-    ({"gpus_per_node": "5"}, "gpus_per_node"),
+    ({"gpus_per_node": "9"}, "gpus_per_node"),
+    ({"partition": "grete", "gpus_per_node": "5"}, "gpus_per_node"),
     ({"gpus_per_node": "abc"}, "gpus_per_node"),
     ({"cluster": "generic", "gpus_per_node": "9"}, "gpus_per_node"),
     ({"cpus_per_gpu": "0"}, "cpus_per_gpu"),
@@ -94,7 +95,7 @@ def test_table_is_large_enough() -> None:
 def test_bad_answer_rejected_by_rule(
     engine: str, answers: dict[str, str], field: str, template: Path, tmp_path: Path
 ) -> None:
-    context = {"cluster": "grete", "partition": "grete", **answers}
+    context = {"cluster": "grete", "partition": PRESETS["grete"]["batch_partition"], **answers}
     if "partition" not in answers and answers.get("cluster") == "generic":
         context["partition"] = "gpu"
     expected = rules.check(field, answers[field], context, PRESETS)

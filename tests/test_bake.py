@@ -43,8 +43,8 @@ COMBINATIONS: dict[str, dict[str, str]] = {
         "environment": "apptainer",
         "ci": "none",
         "snakemake": "yes",
-        "partition": "grete:shared",
-        "gpus_per_node": "8",
+        "partition": "grete",
+        "gpus_per_node": "4",
         "time_limit": "2-00:00:00",
     },
     "generic-proprietary": {

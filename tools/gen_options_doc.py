@@ -13,16 +13,16 @@ Output: ``docs/reference/options.md``. Never edit that page by hand.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from sync_questions import load_rules
+
 ROOT = Path(__file__).resolve().parent.parent
 COOKIECUTTER_JSON = ROOT / "cookiecutter.json"
-RULES_FILE = ROOT / "hooks" / "pre_gen_project.py"
 PRESETS = ROOT / "presets"
 OUTPUT = ROOT / "docs" / "reference" / "options.md"
 
@@ -41,7 +41,8 @@ SAMPLES: list[tuple[str, str, dict[str, str]]] = [
     ("account", "my account", {}),
     ("partition", "gpu|other", {}),
     ("nodes", "0", {}),
-    ("gpus_per_node", "5", {}),
+    ("gpus_per_node", "9", {}),
+    ("gpus_per_node", "5", {"partition": "grete"}),
     ("gpus_per_node", "9", {"cluster": "generic"}),
     ("cpus_per_gpu", "0", {}),
     ("memory", "64GB", {}),
@@ -50,17 +51,8 @@ SAMPLES: list[tuple[str, str, dict[str, str]]] = [
     ("time_limit", "3-00:00:00", {}),
     ("time_limit", "8-00:00:00", {"cluster": "generic"}),
     ("mail", "me", {}),
+    ("snakemake", "yes", {"python_version": "3.10"}),
 ]
-
-
-def load_rules() -> Any:
-    """Import the answer rules (the hook is plain Python apart from its main block)."""
-    spec = importlib.util.spec_from_file_location("answer_rules", RULES_FILE)
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def checked_fields(rules: Any) -> set[str]:
@@ -75,7 +67,7 @@ def sample_messages(rules: Any, cc: dict[str, Any]) -> list[tuple[str, str, str]
     rows = []
     for field, value, extra in SAMPLES:
         cluster = extra.get("cluster", cc["cluster"][0])
-        answers = {"cluster": cluster, "partition": presets[cluster]["batch_partition"], **extra}
+        answers = {"cluster": cluster, "partition": presets[cluster]["batch_partition"]} | extra
         rows.append((field, value, rules.check(field, value, answers, presets)))
     return rows
 
