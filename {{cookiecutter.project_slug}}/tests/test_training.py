@@ -3,6 +3,7 @@
 import csv
 import itertools
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,32 @@ def test_segments_and_finished_runs(project: Path, capsys: pytest.CaptureFixture
     again = trainer.train(cfg, splits)
     assert again.summary["step"] == 12  # 6 steps per epoch
     assert "already finished" in capsys.readouterr().out
+
+
+def _too_slow(signum: int, frame: object) -> None:
+    raise TimeoutError("training did not finish in time (a loop without progress?)")
+
+
+def test_resume_with_a_larger_batch_at_an_epoch_end_goes_on_to_the_next_epoch(
+    project: Path,
+) -> None:
+    splits = synthetic_splits()  # 420 training samples
+    common = ["run.name=rescaled", "train.epochs=2", "model.hidden=32"]
+    # Batch 10: 42 steps per epoch; stop after 41, before the epoch's last step.
+    first = trainer.train(
+        cfg_with(*common, "train.batch_size=10", "run.max_steps_this_segment=41"), splits
+    )
+    assert (first.summary["epoch"], first.summary["step"]) == (0, 41)
+    # Batch 100 has 4 steps per epoch, and the 410 samples done cover all 4 of them.
+    previous = signal.signal(signal.SIGALRM, _too_slow)
+    signal.alarm(30)  # a few seconds when it works
+    try:
+        resumed = trainer.train(cfg_with(*common, "train.batch_size=100"), splits)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert resumed.summary["status"] == "finished"
+    assert (resumed.summary["epoch"], resumed.summary["step"]) == (2, 41 + 4)
 
 
 def test_custom_dataset_says_where_to_plug_in(project: Path) -> None:

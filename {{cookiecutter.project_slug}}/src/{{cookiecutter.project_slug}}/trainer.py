@@ -299,6 +299,8 @@ class Trainer:
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
             self.say("warning: process count or batch size changed; this epoch's order changes")
+            if self.pos.batch >= self.steps_per_epoch * self.accum:  # no full step left
+                self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         for change in _config_changes(state["config"], to_dict(self.cfg)):
             self.say(f"note: config changed since the checkpoint: {change}")
         self.say(
@@ -448,13 +450,13 @@ class Trainer:
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps; returns the outcome ("", "stop", "segment") and steps done."""
-        segment_steps, micro, seen, clock = 0, 0, self.pos.samples, time.perf_counter()
+        segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
         loss_sum, loss_count = torch.zeros((), device=self.device), 0
         log_every = self.cfg.run.log_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
-            tick = time.perf_counter()
+            micro, tick = 0, time.perf_counter()
             for x, y in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
@@ -494,6 +496,8 @@ class Trainer:
                 if epoch_done:
                     break
                 tick = time.perf_counter()
+            else:  # batches ran out before the epoch's last step: never retry the same epoch
+                self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
 
     def log_train(self, stats: dict[str, float]) -> None:
