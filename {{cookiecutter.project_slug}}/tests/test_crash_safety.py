@@ -65,3 +65,15 @@ def test_kill_9_never_leaves_an_unloadable_latest_checkpoint(project: Path) -> N
     assert steps == sorted(steps), steps
     assert steps[-1] > steps[0], steps  # the restarts resumed and made progress
     assert killed_while_writing >= 1, steps  # some kills landed in the middle of a write
+
+
+def test_pruning_keeps_the_new_checkpoint_next_to_an_unloadable_later_one(tmp_path: Path) -> None:
+    for step in (3, 5):
+        checkpoint.save({"step": step}, tmp_path, step, keep=2)
+    (tmp_path / "step-000000010.pt").write_bytes(b"cut off")  # a write that never completed
+    # The resumed run (from step 5) saves step 7 with keep=1: step 7 stays, older ones go.
+    assert checkpoint.load_latest(tmp_path) == {"step": 5}
+    saved = checkpoint.save({"step": 7}, tmp_path, 7, keep=1)
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [7, 10]
+    assert saved.is_file()
+    assert checkpoint.load_latest(tmp_path) == {"step": 7}

@@ -48,10 +48,15 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def save(state: dict[str, Any], directory: Path, step: int, keep: int) -> Path:
-    """Write the checkpoint for `step`, then delete all but the newest `keep` ones."""
+    """Write the checkpoint for `step`; keep it and the newest `keep` - 1 of earlier steps.
+
+    Files of later steps are left alone: such a file is there when the run resumed from an
+    earlier checkpoint because it would not load, and counting it could delete the new file.
+    """
     path = directory / f"step-{step:09d}.pt"
     save_atomic(state, path)
-    for _, old in list_checkpoints(directory)[:-keep]:
+    earlier = [old for old_step, old in list_checkpoints(directory) if old_step < step]
+    for old in earlier[: max(0, len(earlier) - (keep - 1))]:
         old.unlink(missing_ok=True)
     return path
 
