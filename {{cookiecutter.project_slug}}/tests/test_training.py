@@ -125,6 +125,19 @@ def test_segments_and_finished_runs(project: Path, capsys: pytest.CaptureFixture
     assert "already finished" in capsys.readouterr().out
 
 
+def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> None:
+    splits = synthetic_splits()
+    cfg = cfg_with(
+        "run.name=speed", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=4"
+    )
+    trainer.train(cfg, splits)
+    second = trainer.train(cfg, splits).summary
+    assert (second["step"], second["samples"]) == (8, 4 * 64)  # not the 8 x 64 of the run
+    busy = second["data_s"] + second["compute_s"]  # each rounded to 1 ms
+    low, high = 4 * 64 / (busy + 0.001) - 0.1, 4 * 64 / (busy - 0.001) + 0.1
+    assert low <= second["samples_per_s"] <= high
+
+
 def _too_slow(signum: int, frame: object) -> None:
     raise TimeoutError("training did not finish in time (a loop without progress?)")
 

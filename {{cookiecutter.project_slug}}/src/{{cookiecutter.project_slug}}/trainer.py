@@ -421,7 +421,7 @@ class Trainer:
             self.cfg.run.log_every_steps,
             self.denv.is_main,
         )
-        self.timers = Timers()
+        self.timers, first_samples = Timers(), self.pos.samples
         outcome, segment_steps = self._loop(progress, stop)
         progress.close()
         self.save_checkpoint()  # no-op when this step is saved already
@@ -442,7 +442,8 @@ class Trainer:
             "epoch": self.pos.epoch,
             "total_steps": self.total_steps,
             **self.last_val,
-            **self.timers.summary(self.pos.samples, self.device),
+            # Throughput of this segment: its samples over its time, not the run's samples.
+            **self.timers.summary(self.pos.samples - first_samples, self.device),
         }
         if self.denv.is_main:
             self.report(summary)
