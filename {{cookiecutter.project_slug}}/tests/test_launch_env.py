@@ -60,6 +60,23 @@ def test_resolve_env_launchers() -> None:
     assert srun.launcher == "slurm"
 
 
+@pytest.mark.parametrize(
+    ("tasks_per_node", "node", "local_world"),
+    [("3,2", "0", 3), ("3,2", "1", 2), ("2(x3)", "2", 2), ("4(x2),1", "2", 1), ("1,5", "", 1)],
+)
+def test_srun_local_world_size_is_this_nodes_task_count(
+    tasks_per_node: str, node: str, local_world: int
+) -> None:
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_STEP_NUM_TASKS": "6",
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+        "SLURM_NODEID": node,
+    }
+    assert distributed.resolve_env(env).local_world_size == local_world
+
+
 def test_batch_script_without_srun_runs_single_and_says_why() -> None:
     env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}
     denv = distributed.resolve_env(env)

@@ -85,6 +85,19 @@ def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
     return addr, 20000 + job % 20000
 
 
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """This node's entry of Slurm's tasks-per-node list: `3,2` or `2(x3),1` (= 2,2,2,1)."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            raise ValueError(f"unexpected Slurm tasks-per-node list {tasks_per_node!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if not 0 <= node_id < len(counts):
+        raise ValueError(f"SLURM_NODEID {node_id} is not a node of {tasks_per_node!r}")
+    return counts[node_id]
+
+
 def resolve_env(env: Mapping[str, str] | None = None) -> DistEnv:
     """Read this process's rank from torchrun's or srun's variables (single process otherwise)."""
     env = os.environ if env is None else env
@@ -102,7 +115,8 @@ def resolve_env(env: Mapping[str, str] | None = None) -> DistEnv:
     if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
         world = int(env["SLURM_STEP_NUM_TASKS"])
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        local_world = int(re.match(r"\d+", tasks_per_node).group()) if tasks_per_node else world
+        node_id = int(env.get("SLURM_NODEID") or 0)
+        local_world = tasks_on_node(tasks_per_node, node_id) if tasks_per_node else world
         if world > 1:
             return DistEnv(
                 rank=int(env["SLURM_PROCID"]),
