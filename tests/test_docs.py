@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import gen_options_doc  # tools/ is on pytest's pythonpath
 import pytest
 import yaml
 from engines import Bake, bake
@@ -39,19 +39,6 @@ VARIANTS = {
     "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none", "example": "no"},
     "apptainer-github": {"environment": "apptainer", "ci": "github", "snakemake": "yes"},
 }
-CACHE: dict[str, Any] = {}
-
-
-def load_tool() -> Any:
-    """tools/gen_options_doc.py as a module."""
-    spec = importlib.util.spec_from_file_location(
-        "gen_options_doc", ROOT / "tools/gen_options_doc.py"
-    )
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +161,7 @@ def test_options_reference_is_current() -> None:
 
 
 def test_options_reference_has_a_rejected_sample_for_every_rule() -> None:
-    tool = load_tool()
+    tool = gen_options_doc
     rules = tool.load_rules()
     cc = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
     sampled = {field for field, _, _ in tool.SAMPLES}

@@ -116,7 +116,7 @@ def questions_section(cc: dict[str, Any], checked: set[str], shell: set[str]) ->
             continue
         choices = ", ".join(f"`{c}`" for c in raw) if isinstance(raw, list) else ""
         if isinstance(raw, list):
-            check = "one of the choices"
+            check = "one of the choices" + (" + rule" if name in checked else "")
         elif name in shell:
             check = "rule + shell-safe"
         elif name in checked:
@@ -149,7 +149,7 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         ("login_host", "login node (`ssh` target)"),
         ("batch_partition", "default partition of training jobs"),
         ("interactive_partition", "partition of `slurm/interactive.sh`"),
-        ("gpu_type", "GPU type put into the request"),
+        ("gpu_type", "GPU type put into the request (a partition may name its own)"),
         ("gpu_request", "how a job asks for GPUs (`{type}`, `{count}` filled in)"),
         ("interactive_gpu_request", "GPU request of interactive jobs"),
         ("modules", "modules loaded before Python runs"),
@@ -171,9 +171,11 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         else:
             shown = _code(str(value))
         out.append(f"| `{key}` | {_cell(shown)} | {meaning} |")
-    out += ["", "| partition | max time | GPUs per node |", "| --- | --- | --- |"]
+    out += ["", "| partition | max time | GPUs per node | GPU type |", "| --- | --- | --- | --- |"]
     for part, limits in preset.get("partitions", {}).items():
-        out.append(f"| `{part}` | `{limits['max_time']}` | {limits['gpus_per_node']} |")
+        # A partition's own gpu_type wins over the preset's.
+        gpu = _code(str(limits.get("gpu_type", preset.get("gpu_type", ""))))
+        out.append(f"| `{part}` | `{limits['max_time']}` | {limits['gpus_per_node']} | {gpu} |")
     return "\n".join(out)
 
 
