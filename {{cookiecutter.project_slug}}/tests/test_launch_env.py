@@ -93,6 +93,19 @@ def test_cpu_budget_follows_the_allocation_not_the_node() -> None:
     assert runtime.cpu_share(torchrun, {}) == max(1, cpus // 2)
 
 
+def test_cpu_share_divides_a_shared_mask_among_the_nodes_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
+    node = {"world_size": 8, "local_world_size": 4}
+    srun = distributed.DistEnv(launcher="slurm", **node)
+    torchrun = distributed.DistEnv(launcher="torchrun", **node)
+    assert runtime.cpu_share(distributed.DistEnv(), {}) == 8
+    assert runtime.cpu_share(srun, {}) == 2  # four tasks see the same eight cores
+    assert runtime.cpu_share(srun, {"SLURM_CPUS_PER_TASK": "8"}) == 8  # each task its own
+    assert runtime.cpu_share(torchrun, {"SLURM_CPUS_PER_TASK": "8"}) == 2  # one task, shared
+
+
 @pytest.mark.parametrize(("n", "world", "epoch"), [(103, 1, 0), (103, 3, 2), (64, 4, 5)])
 def test_in_memory_order_matches_distributed_sampler(n: int, world: int, epoch: int) -> None:
     for rank in range(world):

@@ -74,6 +74,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _cpus_per_task(env: Mapping[str, str]) -> int | None:
+    """SLURM_CPUS_PER_TASK, set only when the job asked for --cpus-per-task."""
+    value = env.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def cpus_available(env: Mapping[str, str] | None = None) -> int:
     """CPU cores this process may use: its affinity mask, capped by SLURM_CPUS_PER_TASK.
 
@@ -81,20 +87,25 @@ def cpus_available(env: Mapping[str, str] | None = None) -> int:
     """
     env = os.environ if env is None else env
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    slurm = env.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        count = min(count or 1, int(slurm))
+    if per_task := _cpus_per_task(env):
+        count = min(count or 1, per_task)
     return max(1, count or 1)
 
 
 def cpu_share(denv: DistEnv, env: Mapping[str, str] | None = None) -> int:
     """CPU cores of this process.
 
-    torchrun's processes share one allocation, so it is divided among the local ranks;
-    `srun` gives each task its own (SLURM_CPUS_PER_TASK cores).
+    One rule: the cores this process sees are shared by the processes of its node, so they are
+    divided among them, unless srun gave each task cores of its own (SLURM_CPUS_PER_TASK).
+    torchrun's processes always share their one task's cores; srun tasks without
+    --cpus-per-task all see the node's whole allocation. (Where Slurm binds each such task to
+    a single core, the mask is one core and the share stays one.)
     """
+    env = os.environ if env is None else env
     cpus = cpus_available(env)
-    return max(1, cpus // denv.local_world_size if denv.launcher == "torchrun" else cpus)
+    if denv.launcher == "slurm" and _cpus_per_task(env):
+        return cpus
+    return max(1, cpus // denv.local_world_size)
 
 
 def default_workers(denv: DistEnv, env: Mapping[str, str] | None = None) -> int:
