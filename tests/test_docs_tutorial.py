@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -116,23 +117,35 @@ STEPS = parse_steps(TUTORIAL.read_text("utf-8"))
 class Tutorial:
     """Runs the steps in order, once per test session, remembering each one's outcome."""
 
-    def __init__(self, template: Path, work: Path) -> None:
-        """Prepare a home, a bin folder with the project's command and a working folder."""
+    def __init__(
+        self,
+        template: Path,
+        work: Path,
+        steps: list[Step] = STEPS,
+        project: Path | None = None,
+    ) -> None:
+        """Prepare a home, a bin folder with the project's command and a working folder.
+
+        Without ``project`` the steps start in an empty folder and generate the project
+        themselves (the tutorial); with it they start inside that project (how-tos).
+        """
         self.template = template
-        self.cwd = work / "work"
-        self.cwd.mkdir()
+        self.steps = steps
+        slug = project.name if project else SLUG
+        self.cwd = project or work / "work"
+        self.cwd.mkdir(exist_ok=True)
         home, bindir = work / "home", work / "bin"
         home.mkdir()
         bindir.mkdir()
-        command = bindir / SLUG
-        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {SLUG} "$@"\n', "utf-8")
+        command = bindir / slug
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {slug} "$@"\n', "utf-8")
         command.chmod(0o755)
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYTHON"))}
         self.env = {
             **keep,
             "HOME": str(home),
             "PATH": f"{bindir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(self.cwd / SLUG / "src"),
+            "PYTHONPATH": str(project / "src" if project else self.cwd / SLUG / "src"),
             "PYTHONUNBUFFERED": "1",
             "MPLBACKEND": "Agg",
             # matplotlib's font cache from the real home: a fresh one costs seconds per step.
@@ -147,9 +160,11 @@ class Tutorial:
     def run_through(self, index: int) -> subprocess.CompletedProcess[str]:
         """Run every step up to ``index`` not yet run; return that step's outcome."""
         while len(self.results) <= index:
-            step = STEPS[len(self.results)]
+            step = self.steps[len(self.results)]
             if self.results and self.results[-1].returncode != 0:
-                pytest.fail(f"an earlier step (line {STEPS[len(self.results) - 1].line}) failed")
+                pytest.fail(
+                    f"an earlier step (line {self.steps[len(self.results) - 1].line}) failed"
+                )
             script = step.command.replace("<template-url>", str(self.template))
             script += f'\n__rc=$?\npwd > "{self.state}"\nexit $__rc\n'
             done = subprocess.run(
@@ -249,3 +264,28 @@ def test_cluster_output_shown_matches_the_code(default_bake: Bake) -> None:
         source = (project / rel.format(slug=project.name)).read_text("utf-8")
         assert phrase in text, f"the tutorial no longer shows {phrase!r}: drop it here"
         assert phrase in source, f"{rel} no longer prints {phrase!r}: update docs/tutorial.md"
+
+
+# How-to pages may mark runnable blocks too; they run inside a copy of the default bake.
+HOWTOS = sorted(p for p in (ROOT / "docs" / "howto").glob("*.md") if RUN in p.read_text("utf-8"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", HOWTOS, ids=[p.stem for p in HOWTOS])
+def test_howto_runnable_blocks(
+    page: Path, template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    steps = parse_steps(page.read_text("utf-8"))
+    project = tmp_path / default_bake.project.name
+    shutil.copytree(default_bake.project, project, symlinks=True)
+    runner = Tutorial(template, tmp_path, steps, project)
+    for index, step in enumerate(steps):
+        done = runner.run_through(index)
+        where = f"{page.name} line {step.line}"
+        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}"
+        missing = missing_lines(step.expected, done.stdout)
+        assert not missing, f"{where}: not in the output: {missing}\n--- output\n{done.stdout}"
+
+
+def test_some_howto_has_runnable_blocks() -> None:
+    assert HOWTOS, "no how-to page marks a runnable block"
