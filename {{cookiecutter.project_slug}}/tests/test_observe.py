@@ -11,8 +11,8 @@ observe = pkg("observe")
 
 
 def summary(data_s: float, compute_s: float) -> dict[str, float]:
-    total = data_s + compute_s + 1.0
-    parts = {"data": data_s, "compute": compute_s, "checkpoint": 0.5, "eval": 0.5}
+    total = data_s + compute_s + 1.5
+    parts = {"data": data_s, "compute": compute_s, "checkpoint": 0.5, "eval": 0.5, "other": 0.5}
     return {
         "wall_s": total,
         "samples_per_s": 1000.0,

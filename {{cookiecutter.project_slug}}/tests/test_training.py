@@ -138,6 +138,14 @@ def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> No
     assert low <= second["samples_per_s"] <= high
 
 
+def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:
+    summary = trainer.train(cfg_with("run.name=shares", "train.epochs=1"), synthetic_splits())
+    shares = {k: v for k, v in summary.summary.items() if k.endswith("_share")}
+    assert set(shares) == {f"{k}_share" for k in ("data", "compute", "checkpoint", "eval", "other")}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert "  other " in pkg("observe").format_summary(summary.summary)
+
+
 def _too_slow(signum: int, frame: object) -> None:
     raise TimeoutError("training did not finish in time (a loop without progress?)")
 

@@ -128,18 +128,21 @@ class Timers:
             self.gpu_util.append(float(torch.cuda.utilization(device)))
 
     def summary(self, samples: int, device: torch.device) -> dict[str, Any]:
-        """Totals, shares and throughput of this process's segment."""
+        """Totals, shares and throughput of this process's segment.
+
+        `other` is the rest of the wall time, so the shares add up to one: logging, progress
+        output, the per-step stop decision (an all-reduce between ranks) and, on GPUs, waits
+        for queued kernels at those synchronising calls.
+        """
         total = time.perf_counter() - self.start
         train = self.seconds["data"] + self.seconds["compute"]
+        seconds = {**self.seconds, "other": max(0.0, total - sum(self.seconds.values()))}
         out: dict[str, Any] = {
             "wall_s": round(total, 3),
             "samples": samples,
             "samples_per_s": round(samples / train, 1) if train > 0 else 0.0,
-            **{f"{k}_s": round(v, 3) for k, v in self.seconds.items()},
-            **{
-                f"{k}_share": round(v / total, 4) if total > 0 else 0.0
-                for k, v in self.seconds.items()
-            },
+            **{f"{k}_s": round(v, 3) for k, v in seconds.items()},
+            **{f"{k}_share": round(v / total, 4) if total > 0 else 0.0 for k, v in seconds.items()},
         }
         if device.type == "cuda":
             out["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
@@ -154,7 +157,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         "where the time went:",
         *(
             f"  {key:<10} {summary[f'{key}_s']:9.2f} s  {100 * summary[f'{key}_share']:5.1f} %"
-            for key in ("data", "compute", "checkpoint", "eval")
+            for key in ("data", "compute", "checkpoint", "eval", "other")
         ),
         f"  total      {summary['wall_s']:9.2f} s  ({summary['samples_per_s']:.0f} samples/s)",
     ]
