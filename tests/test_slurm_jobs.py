@@ -64,7 +64,7 @@ def test_train_job_completes_with_documented_outputs(project: JobProject) -> Non
     assert info["JobState"] == "COMPLETED", log
     assert info["ExitCode"] == "0:0"
     # The generated headers took effect: partition, one fake A100, requeue, append.
-    assert info["Partition"] == "grete"
+    assert info["Partition"] == "grete:shared"  # the preset's batch partition
     assert info["TresPerNode"] == "gres:gpu:A100:1"
     assert info["Requeue"] == "1"
     assert "training step ended with exit code 0" in log

@@ -68,8 +68,8 @@ def test_slurm_profile_gives_train_the_preset_resources(project: Path) -> None:
     assert res.returncode == 0, res.stderr + res.stdout
     train = res.stdout.split("rule train:")[1].split("\n\n")[0]
     resources = dict(re.findall(r"(\w+)=([^,\s]+)", train.split("resources:")[1]))
-    # Default answers + grete preset: 12:00:00, 64G, 8 CPUs per GPU, one A100 on grete.
-    assert resources["slurm_partition"] == "grete"
+    # Default answers + grete preset: 12:00:00, 64G, 8 CPUs per GPU, one A100 on grete:shared.
+    assert resources["slurm_partition"] == "grete:shared"
     assert resources["runtime"] == "720"
     assert resources["mem_mb"] == "65536"
     assert resources["cpus_per_task"] == "8"
