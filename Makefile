@@ -38,8 +38,9 @@ demo: $(STAMP) ## Bake the default project into build/demo and run its example e
 test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generated suites)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-sync: $(STAMP) ## Regenerate copier.yml and the presets in cookiecutter.json
+sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
+	$(BIN)/python tools/gen_options_doc.py
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py
