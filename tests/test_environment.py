@@ -18,7 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 from engines import BIN, Bake
-from envcases import CASES, PRESETS, answers_of, baked, env_dir, pyproject, run, tool, working_copy
+from envcases import (
+    CASES,
+    PRESETS,
+    answers_of,
+    baked,
+    baked_case,
+    env_dir,
+    pyproject,
+    run,
+    tool,
+    working_copy,
+)
 from packaging.requirements import Requirement
 
 REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit"}
@@ -28,8 +39,7 @@ REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit"
 def case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Bake, dict[str, str]]:
-    root = tmp_path_factory.getbasetemp() / "environment-bakes"
-    return baked(request.param, template, root), answers_of(request.param)
+    return baked_case(request.param, template, tmp_path_factory)
 
 
 # pre-commit runs with no project environment active and nothing on PYTHONPATH, as in a
@@ -86,7 +96,7 @@ def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path:
 def test_pre_commit_catches_real_problems(
     template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    result = baked("venv-grete", template, tmp_path_factory)
     project = working_copy(result.project, tmp_path)
     scratch = project / "src" / project.name / "scratch.py"
     scratch.write_text('"""Scratch."""\n\nimport os\n')
@@ -301,7 +311,7 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
 def test_conda_install_without_conda_says_what_to_load(
     name: str, template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    result = baked(name, template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    result = baked(name, template, tmp_path_factory)
     answers = answers_of(name)
     project = working_copy(result.project, tmp_path)
     env = {"PATH": "/usr/bin:/bin", "CONDA_EXE": None}
@@ -431,7 +441,7 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
     template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
     """A full prepare/train/evaluate/doctor cycle with secrets in .env leaks none of them."""
-    result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    result = baked("venv-grete", template, tmp_path_factory)
     project = working_copy(result.project, tmp_path)
     slug = project.name
     lines = [f"{key}={value}" for key, value in SECRETS.items()]
@@ -489,9 +499,7 @@ def test_project_suite_passes_for_apptainer_on_generic(
     Environment and preset change the job scripts, configs and Makefile the suite reads;
     the Python package is the same for every choice, so one more bake covers the rest.
     """
-    result = baked(
-        "apptainer-generic", template, tmp_path_factory.getbasetemp() / "environment-bakes"
-    )
+    result = baked("apptainer-generic", template, tmp_path_factory)
     env = {"PYTHONPATH": str(result.project / "src")}
     done = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],

@@ -22,7 +22,7 @@ from envcases import (
     CASES,
     PRESETS,
     answers_of,
-    baked,
+    baked_case,
     def_sections,
     install_fake_apptainer,
     run,
@@ -52,16 +52,14 @@ SHELL_SECTIONS = ("post", "environment", "runscript", "test")
 def any_case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Bake, dict[str, str]]:
-    root = tmp_path_factory.getbasetemp() / "environment-bakes"
-    return baked(request.param, template, root), answers_of(request.param)
+    return baked_case(request.param, template, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=APPTAINER_CASES)
 def case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Bake, dict[str, str]]:
-    root = tmp_path_factory.getbasetemp() / "environment-bakes"
-    return baked(request.param, template, root), answers_of(request.param)
+    return baked_case(request.param, template, tmp_path_factory)
 
 
 def _def_file(project: Path) -> Path:

@@ -47,7 +47,7 @@ def cluster() -> Iterator[LocalSlurm]:
 def case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Bake:
-    return baked(request.param, template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    return baked(request.param, template, tmp_path_factory)
 
 
 def test_make_container_builds_the_image_in_a_job(

@@ -20,6 +20,7 @@ from envcases import (
     PRESETS,
     answers_of,
     baked,
+    baked_case,
     env_dir,
     loads_jsonc,
     pyproject,
@@ -37,16 +38,14 @@ VSCODE_CASES = sorted(c for c in CASES if answers_of(c)["vscode"] == "yes")
 def case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Bake, dict[str, str]]:
-    root = tmp_path_factory.getbasetemp() / "environment-bakes"
-    return baked(request.param, template, root), answers_of(request.param)
+    return baked_case(request.param, template, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=VSCODE_CASES)
 def vscode_case(
     request: pytest.FixtureRequest, template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Bake, dict[str, str]]:
-    root = tmp_path_factory.getbasetemp() / "environment-bakes"
-    return baked(request.param, template, root), answers_of(request.param)
+    return baked_case(request.param, template, tmp_path_factory)
 
 
 # --- the JSON-with-comments parser -------------------------------------------------------------
@@ -146,7 +145,7 @@ def test_tiny_training_run_from_launch_json_really_runs(
     template: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
     """The debug configuration's command line trains on the CPU (what F5 would run)."""
-    result = baked("venv-grete", template, tmp_path_factory.getbasetemp() / "environment-bakes")
+    result = baked("venv-grete", template, tmp_path_factory)
     project = working_copy(result.project, tmp_path)
     slug = project.name
     configs = {c["name"]: c for c in _vscode(project, "launch.json")["configurations"]}
