@@ -15,14 +15,30 @@ import torch
 
 from .errors import ConfigError
 
-FIELDS = ("step", "epoch", "phase", "loss", "accuracy", "lr", "samples_per_s", "elapsed_s")
+
+def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[str, ...]:
+    """The columns of metrics.csv: position, the task's metrics, learning rates, speed."""
+    metrics = [m for m in task_metrics if m != "loss"]
+    return (
+        "step",
+        "epoch",
+        "phase",
+        "loss",
+        *metrics,
+        "lr",
+        *(f"lr_{name}" for name in lr_names),
+        "samples_per_s",
+        "elapsed_s",
+    )
 
 
 class MetricsLog:
     """Rows to `metrics.csv` (always) and scalars to TensorBoard (when chosen)."""
 
-    def __init__(self, run_dir: Path, tracking: str, resume_step: int) -> None:
-        """Open the CSV; on resume drop rows logged after the checkpoint being resumed."""
+    def __init__(
+        self, run_dir: Path, tracking: str, resume_step: int, fields: tuple[str, ...]
+    ) -> None:
+        """Open the CSV with `fields`; on resume drop rows logged after the checkpoint."""
         self.path = run_dir / "metrics.csv"
         kept: list[dict[str, str]] = []
         if resume_step > 0 and self.path.is_file():
@@ -31,7 +47,8 @@ class MetricsLog:
                 rows = [r for r in csv.DictReader(f) if None not in r.values()]
                 kept = [r for r in rows if int(r["step"]) <= resume_step]
         self._file = self.path.open("w", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
+        self.fields = fields
+        self._csv = csv.DictWriter(self._file, fieldnames=fields, extrasaction="ignore")
         self._csv.writeheader()
         self._csv.writerows(kept)
         self._file.flush()
@@ -47,11 +64,11 @@ class MetricsLog:
 
     def write(self, **row: Any) -> None:
         """Append one row; missing fields stay empty."""
-        self._csv.writerow({k: row.get(k, "") for k in FIELDS})
+        self._csv.writerow({k: row.get(k, "") for k in self.fields})
         self._file.flush()
         if self._tb is not None:
-            for key in ("loss", "accuracy", "lr", "samples_per_s"):
-                if isinstance(row.get(key), float):
+            for key in self.fields[3:]:
+                if key != "elapsed_s" and isinstance(row.get(key), float):
                     self._tb.add_scalar(f"{row['phase']}/{key}", row[key], row["step"])
 
     def close(self) -> None:
