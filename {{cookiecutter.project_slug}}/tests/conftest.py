@@ -36,11 +36,20 @@ def pkg(module: str) -> ModuleType:
 
 
 def run_cli(
-    *args: str, project: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str,
+    project: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    torchrun: int = 0,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m <package> ...` in a fresh process, with `project` as the project root."""
+    """`python -m <package> ...` in a fresh process, with `project` as the project root.
+
+    `torchrun=N` starts N processes on this machine (a free rendezvous port each time).
+    """
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += [f"--nproc_per_node={torchrun}"] if torchrun else []
     return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args],
+        [*(launcher if torchrun else [sys.executable]), "-m", PACKAGE, *args],
         cwd=project,
         env=cli_env(project, env),
         capture_output=True,
@@ -54,7 +63,9 @@ def cli_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str
     """Environment for a child process: package importable, paths below `project`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK"))}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")]
+        ),
         PROJECT_ROOT=str(project),
         OMP_NUM_THREADS="1",
         RUN_NAME="",

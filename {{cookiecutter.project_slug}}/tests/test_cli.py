@@ -71,7 +71,11 @@ def test_prepare_train_evaluate_from_the_command_line(
     assert cli.main(["data", "freeze"]) == 0  # this scratch project's own manifest
     assert cli.main(["prepare", "task.name=digits"]) == 0
     train = run_cli(
-        "train", "task.name=digits", "run.name=cli", "train.epochs=4", "run.figures=false",
+        "train",
+        "task.name=digits",
+        "run.name=cli",
+        "train.epochs=4",
+        "run.figures=false",
         project=project,
     )
     assert train.returncode == 0, train.stderr

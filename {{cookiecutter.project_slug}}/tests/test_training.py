@@ -124,7 +124,8 @@ def test_segments_and_finished_runs(project: Path, capsys: pytest.CaptureFixture
 
 
 def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> None:
-    args = ["run.name=speed", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=4"]
+    args = ["run.name=speed", "train.batch_size=64", "train.epochs=2"]
+    args.append("run.max_steps_this_segment=4")
     train(*args)
     second = train(*args).summary
     assert (second["step"], second["samples"]) == (8, 4 * 64)  # not the 8 x 64 of the run
