@@ -38,7 +38,7 @@ LITERALS = ("_template_version", "_project_owned")
 
 
 def copier_skip_patterns(owned: list[str]) -> list[str]:
-    """copier's form of the project-owned patterns.
+    """The project-owned patterns in the form copier reads.
 
     The list's patterns are relative to the project root (``*`` is one path segment, ``/**``
     everything below), which is how cruft reads them (``pathlib`` globs). copier matches
