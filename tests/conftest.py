@@ -25,11 +25,11 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
+def snapshot_template(dest: Path, tag: str | None = "v0.1.0") -> Path:
     """Copy the template's source files (tracked or new, never ignored) into a fresh repo.
 
     copier and cruft read a template from git, so the tests give them a repository that
-    holds exactly the working tree, tagged like a release.
+    holds exactly the working tree, tagged like a release (no tag with ``tag=None``).
     """
     listed = (
         subprocess.run(
@@ -51,7 +51,8 @@ def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
     # -f: the generated project's own .gitignore (e.g. data/raw) must not hide template files.
     git(dest, "add", "-A", "-f")
     git(dest, "commit", "-q", "-m", "template snapshot")
-    git(dest, "tag", tag)
+    if tag:
+        git(dest, "tag", tag)
     return dest
 
 
