@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 from engines import Bake, bake
 
 ROOT = Path(__file__).resolve().parent.parent
+# The working tree stands for the release it declares (the template version, one source).
+RELEASE = "v" + json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_template_version"]
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -25,7 +28,7 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-def snapshot_template(dest: Path, tag: str | None = "v0.1.0") -> Path:
+def snapshot_template(dest: Path, tag: str | None = RELEASE) -> Path:
     """Copy the template's source files (tracked or new, never ignored) into a fresh repo.
 
     copier and cruft read a template from git, so the tests give them a repository that

@@ -29,6 +29,7 @@ from conftest import ROOT, git, snapshot_template
 from engines import BIN, Bake, bake
 from pathspec import PathSpec
 from sync_questions import copier_skip_patterns
+from test_docs_tutorial import missing_lines
 
 CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
 OWNED = CC["_project_owned"]
@@ -138,7 +139,7 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Releases:
     first = CC["_template_version"]
     versions = [first, _next(first, 1), _next(first, 2)]
     task = template / TASK
-    task.parent.mkdir(parents=True)
+    task.parent.mkdir(parents=True, exist_ok=True)
     task.write_text('"""A task module (template release 0)."""\n', "utf-8")
     _release(template, versions[0])
     for version in versions[1:]:
@@ -301,6 +302,17 @@ def test_template_status_before_the_update(updated: Project, releases: Releases)
     mine = _listed(out, "It leaves these alone, as this project owns them")
     assert theirs == set(_project_files(TEMPLATE_OWNED))
     assert mine == set(_project_files(PROJECT_OWNED))
+
+
+def test_docs_sample_is_a_real_report(updated: Project) -> None:
+    """docs/howto/updating.md shows the report of a project two releases behind."""
+    if updated.start != 0:
+        pytest.skip("the page shows a project made from the oldest release")
+    page = (ROOT / "docs" / "howto" / "updating.md").read_text("utf-8")
+    sample = re.search(r"<!-- sample: template-status -->\s*```text\n(.*?)```", page, re.S)
+    assert sample, "the sample report is gone from the page"
+    expected = [line for line in sample.group(1).splitlines() if line.strip()]
+    assert missing_lines(expected, updated.status_before.stdout) == []
 
 
 def test_template_status_after_the_update(updated: Project, releases: Releases) -> None:
