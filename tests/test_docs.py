@@ -455,7 +455,7 @@ def test_generated_readme_first_screen_conda_generic(variants: dict[str, Bake]) 
     assert ".venv" not in screen
     # Without the example, the first screen records the user's data and points at the reader.
     assert "data freeze --update" in screen
-    assert "read_custom()" in screen
+    assert "tasks/my_task.py" in screen
     assert "ssh login.example.org" in (project / "README.md").read_text("utf-8")
 
 
