@@ -175,6 +175,11 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
         raise ConfigError(
             f"unknown config key {dotted!r}: use section.key with a section in {sorted(sections)}"
         )
+    if dotted == "data.dataset":  # projects made before template release 0.2.0
+        raise ConfigError(
+            f"data.dataset = {value!r}: replaced by the task seam; write [task] name = "
+            '"digits" (or your task) in configs/train.toml, see docs/bring-your-own-task.md'
+        )
     if section_name == "task" and key != "name":
         cfg.task.options[key] = (value, from_text)  # typed once the task is known
         return
