@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, provenance
 from .batches import eval_batches, make_train_batches
 from .config import Config, from_dict, to_dict, to_toml
 from .data import Split, Splits, load_splits, processed_path, stage
@@ -175,7 +175,9 @@ def train(
         try:
             if splits is None:
                 splits = _load_checked(cfg, settings, denv, check_raw)
-            return Trainer(cfg, splits, settings, denv, device).run(stop)
+            result = Trainer(cfg, splits, settings, denv, device).run(stop)
+            distributed.barrier()  # rank 0 has reported: the ranks end together (srun --wait)
+            return result
         finally:
             distributed.shutdown()
 
@@ -406,6 +408,7 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
+            provenance.record(self.run_dir, self.settings.project_root, os.environ)
             self.metrics = MetricsLog(self.run_dir, self.cfg.run.tracking, self.pos.step)
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
         self.say(
