@@ -33,6 +33,7 @@ PRESET_KEYS = {
     "internet_constraint",
     "torch_variant",
 }
+PARTITION_KEYS = {"gpu_type", "gpus_per_node", "cpus_per_node", "gpu_memory", "max_time"}
 REQUIRED = {
     "project_name",
     "project_slug",
@@ -109,7 +110,7 @@ def test_preset_is_complete_and_consistent(name: str) -> None:
     assert preset["batch_partition"] in partitions
     assert preset["interactive_partition"] in partitions
     for limits in partitions.values():
-        assert set(limits) == {"gpu_type", "gpus_per_node", "cpus_per_node", "gpu_memory", "max_time"}
+        assert set(limits) == PARTITION_KEYS
         assert rules.parse_time(limits["max_time"]) is not None
         assert limits["gpus_per_node"] >= 1
         assert limits["cpus_per_node"] >= limits["gpus_per_node"]
