@@ -497,3 +497,29 @@ def test_make_submit_refuses_a_dirty_tree_unless_told(project: JobProject) -> No
     text = (project.path / "runs" / "dirty" / "provenance.jsonl").read_text()
     (origin,) = [json.loads(line) for line in text.splitlines()]
     assert origin["dirty"] is True and len(origin["commit"]) == 40
+
+
+def test_preempted_job_checkpoints_requeues_and_resumes_identically(
+    project: JobProject, reference: dict
+) -> None:
+    # grete:preemptible on the local cluster: PreemptMode=REQUEUE, GraceTime=30. A job on a
+    # higher partition that needs the whole node preempts the training: its ranks get
+    # SIGTERM (the batch shell does not), checkpoint and exit with EXIT_REQUEUE; the script
+    # requeues, and the next start resumes to the same weights as an undisturbed run.
+    job = project.sbatch(
+        "--partition=grete:preemptible", "slurm/train.sbatch", *SIGNAL_RUN,
+        "run.name=preempted", **SLOW,
+    )  # fmt: skip
+    name = f"{project.slug}-{job}"
+    project.wait_for("first checkpoint", lambda: project.checkpoints("preempted"), 300)
+    urgent = project.sbatch(
+        "--partition=grete:shared", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1"
+    )
+    project.wait_for("the resume", lambda: resumed_step(project.log(name)) is not None, 400)
+    info = project.finished(job, 900)
+    log = project.log(name)
+    assert project.finished(urgent)["JobState"] == "COMPLETED"
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log
+    assert "stop signal (SIGTERM)" in log and f"requeueing {job}" in log
+    assert 0 < resumed_step(log) < 220
+    assert same_weights(project.final_weights("preempted"), reference)

@@ -204,9 +204,18 @@ class LocalSlurm:
             f"{' Features=' + ','.join(self.features) if self.features else ''} State=UNKNOWN"
             for name in self.nodes
         ]
+        # Preemptible partitions (by name, e.g. grete:preemptible) rank below the others: a
+        # job elsewhere that needs their resources preempts their jobs, which get SIGTERM,
+        # GraceTime seconds to checkpoint, and are requeued, as on a cluster with
+        # PreemptMode=REQUEUE.
         part_lines = [
             f"PartitionName={name} Nodes=ALL Default={'YES' if i == 0 else 'NO'}"
             f" MaxTime={max_time} State=UP"
+            + (
+                " PriorityTier=1 PreemptMode=REQUEUE GraceTime=30"
+                if "preemptible" in name
+                else " PriorityTier=10 PreemptMode=OFF"
+            )
             for i, (name, max_time) in enumerate(self.partitions.items())
         ]
         r = self.root
@@ -252,6 +261,8 @@ class LocalSlurm:
                     "SlurmctldTimeout=30",
                     "SlurmdTimeout=30",
                     "GresTypes=gpu",
+                    "PreemptType=preempt/partition_prio",
+                    "PreemptMode=REQUEUE",
                     *node_lines,
                     *part_lines,
                     "",

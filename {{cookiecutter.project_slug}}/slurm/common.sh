@@ -119,10 +119,13 @@ activate_environment() {
 # USR1 reaches this shell from the timer below (a grace time before the job's limit), from
 # `scancel --signal=USR1 --batch JOB`, or from a `--signal=B:USR1@...` given to sbatch. The
 # trap forwards it to the job step; srun passes it on to every rank. The training
-# checkpoints at its next step boundary and exits with EXIT_REQUEUE. TERM (scancel,
-# preemption, the hard limit) reaches the ranks directly from Slurm; they checkpoint the
-# same way. This shell only notes TERM and never requeues after it: a cancelled job stays
-# cancelled, and a preempted one is requeued by Slurm itself (PreemptMode=REQUEUE).
+# checkpoints at its next step boundary and exits with EXIT_REQUEUE. Preemption (e.g. on
+# grete:preemptible) sends SIGTERM to the ranks only, a grace time before they are killed:
+# they checkpoint the same way, and this shell, which saw no signal itself, requeues the
+# job like after USR1 (measured on Slurm 22.05 with PreemptMode=REQUEUE: a job script that
+# ends within the grace time ends COMPLETED, not requeued, unless it requeues itself).
+# scancel and the hard time limit send TERM to this shell as well: it notes it and does not
+# requeue, so a cancelled job stays cancelled.
 STOP_SIGNAL=""
 SIGNALS_SEEN=0
 STEP_PID=""
@@ -364,8 +367,7 @@ run_training() {
     fi
     if ((wants_requeue)); then
         if [[ "$STOP_SIGNAL" == TERM ]]; then
-            log "stopped by SIGTERM (cancel, preemption or hard limit): checkpoint kept;" \
-                "no requeue from here (Slurm requeues a preempted job itself)"
+            log "stopped by SIGTERM (scancel or the hard limit): checkpoint kept, no requeue"
             exit "$rc"
         fi
         if [[ "${AUTO_REQUEUE:-1}" == 0 ]]; then
