@@ -204,7 +204,7 @@ def check_gpu_type(value: str, answers: Mapping[str, Any], presets: Mapping[str,
     if unknown:
         rule = (
             f"partition {unknown[0]} has no GPU type in preset {cluster} (known: "
-            f"{', '.join(declared)}); answer gpu_type, e.g. A100 (see `sinfo -o '%P %G'`)"
+            f"{', '.join(sorted(declared))}); answer gpu_type, e.g. A100 (see `sinfo -o '%P %G'`)"
         )
         return _say("gpu_type", value, rule)
     types = {n: declared[n]["gpu_type"] for n in names}
