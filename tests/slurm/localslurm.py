@@ -162,7 +162,13 @@ class LocalSlurm:
         """Run a client command (sbatch, squeue, ...) against this instance."""
         kw.setdefault("env", self.env)
         return subprocess.run(
-            list(args), check=check, capture_output=True, text=True, timeout=120, **kw
+            # Generous: squeue once took over 120 s on a 2-core machine at load 8.
+            list(args),
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            **kw,
         )
 
     # ------------------------------------------------------------------ config
@@ -410,7 +416,7 @@ class LocalSlurm:
         """JobState of one job, '' when unknown."""
         return self.job(job_id).get("JobState", "")
 
-    def wait(self, job_id: str, timeout: float = 300) -> None:
+    def wait(self, job_id: str, timeout: float = 900) -> None:
         """Block until no task of `job_id` is pending, running or completing."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
