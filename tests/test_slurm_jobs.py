@@ -471,7 +471,11 @@ def test_concurrent_two_rank_array_tasks_on_one_node_do_not_collide(
     infos = [cluster.job(f"{job}_{task}") for task in (0, 1)]
     logs = [proj.log(f"{proj.slug}-sweep-{job}_{task}") for task in (0, 1)]
     assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], logs
-    assert {i["JobId"] for i in infos} == {str(int(job)), str(int(job) + 1)}  # consecutive
+    ids = [int(i["JobId"]) for i in infos]
+    assert sorted(ids) == [int(job), int(job) + 1]  # consecutive
+    # The failing case is the one exercised: the old rule (job id + task id) gave both tasks
+    # the same port.
+    assert ids[0] + 0 == ids[1] + 1
     first, second = sorted(infos, key=lambda i: i["StartTime"])
     assert second["StartTime"] < first["EndTime"], "the tasks did not overlap"
     for log in logs:
@@ -523,3 +527,10 @@ def test_preempted_job_checkpoints_requeues_and_resumes_identically(
     assert "stop signal (SIGTERM)" in log and f"requeueing {job}" in log
     assert 0 < resumed_step(log) < 220
     assert same_weights(project.final_weights("preempted"), reference)
+
+
+def test_doctor_lists_the_gpu_types_the_cluster_offers_now(project: JobProject) -> None:
+    # MIG slice names change over time: doctor shows what `sinfo` reports today.
+    res = project.cli("doctor", "--quick")
+    assert "GPU types per partition now (sinfo -o '%P %G')" in res.stdout
+    assert re.search(r"grete:interactive .*1g\.20gb", res.stdout), res.stdout
