@@ -297,7 +297,7 @@ def test_time_limit_signal_requeues_and_resumes_identically(
     print(f"\ntime-limit signal after {signal_after:.0f} s; requeue round trip {round_trip:.1f} s")
     assert info["JobState"] == "COMPLETED", log
     assert info["Restarts"] == "1"
-    assert re.search(r"time left 1[0-9]{2} s: stop signal \(USR1\) in [0-9]+ s, 60 s before", log)
+    assert re.search(r"time left 1[0-9]{2} s: USR1 to stop in [0-9]+ s, 60 s before", log)
     assert "restart 1," in log
     assert 0 < resumed_step(log) < 220
     assert same_weights(project.final_weights("timelimit"), reference)

@@ -191,7 +191,7 @@ schedule_stop() {
     if ((left < 3600)); then
         log "note: a limit under one hour makes many short jobs; GWDG asks for at least 1 h"
     fi
-    log "time left ${left} s: stop signal (USR1) in ${work} s, ${grace} s before the limit"
+    log "time left ${left} s: USR1 to stop in ${work} s, ${grace} s before the limit"
     # The timer's sleep ends with it (on_exit stops the timer when the job ends first).
     (
         trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
