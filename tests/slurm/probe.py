@@ -11,6 +11,9 @@ PROBE_HANG_DUMP=S    After S seconds, a still running process prints every threa
                      stderr (the job log), once: shows where a hung rank waits.
 PROBE_DIE=R:N        Rank R (SLURM_PROCID or RANK) ends abruptly (exit code 7, no clean-up) at
                      its N-th optimizer step: a crashed rank whose peers wait in a collective.
+                     A forked child keeps the rank's sockets open for 120 s, as a hung GPU or
+                     network would: gloo peers would otherwise see the closed connection at
+                     once, where NCCL peers wait for the distributed timeout.
 PROBE_WEIGHTS_DIR=D  When the process exits, a rank of a DistributedDataParallel run saves its
                      model's weights to D/rank<R>.pt with its Slurm node name, so a test can
                      compare the weights of every rank (the trainer saves rank 0's only).
@@ -48,6 +51,12 @@ def _install_death(rank: int, at_step: int) -> None:
         steps[0] += 1
         if steps[0] == at_step:
             print(f"probe: rank {rank} dies at step {at_step}", file=sys.stderr, flush=True)
+            if os.fork() == 0:  # the child holds the sockets, then leaves quietly
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):  # not the task's output: srun waits for its end
+                    os.dup2(null, fd)
+                time.sleep(120)
+                os._exit(0)
             os._exit(7)
         return original(self, *args, **kwargs)
 
