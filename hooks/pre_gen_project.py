@@ -168,8 +168,6 @@ def check_whole_number(field: str, value: str, low: int, high: int) -> str:
     return ""
 
 
-
-
 def _partitions_of(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> list[dict]:
     """Limits of the chosen partitions that the preset declares (unknown ones have none)."""
     preset = presets.get(str(answers.get("cluster", "")), {})
@@ -218,8 +216,8 @@ def check_gpu_type(value: str, answers: Mapping[str, Any], presets: Mapping[str,
 def check_memory(value: str) -> str:
     """A Slurm size with its unit, per node (64G) or per GPU (16G/gpu)."""
     if not _MEMORY.fullmatch(value):
-        rule = "must be a whole number with a unit K, M, G or T, per node (64G) or per GPU (16G/gpu)"
-        return _say("memory", value, rule)
+        rule = "must be a whole number with a unit K, M, G or T"
+        return _say("memory", value, rule + ", per node (64G) or per GPU (16G/gpu)")
     return ""
 
 
