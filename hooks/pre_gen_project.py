@@ -45,7 +45,10 @@ _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z
 # partitions such as grete:shared and commas for a list of partitions).
 _ACCOUNT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _PARTITION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*(,[A-Za-z0-9_][A-Za-z0-9_.:-]*)*")
-_MEMORY = re.compile(r"[0-9]+[KMGT]?")
+# A size with its unit (a bare number would be megabytes), per node or per GPU ("16G/gpu").
+_MEMORY = re.compile(r"[0-9]+[KMGT](/gpu)?")
+# GPU type names as Slurm's GRES types and the snakemake executor accept them (A100, 1g.20gb).
+_GPU_TYPE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
 # Slurm --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1), "time formats").
 _TIME = re.compile(
     r"(?P<days>[0-9]+)-(?P<dh>[0-9]{1,2})(:(?P<dm>[0-9]{1,2})(:(?P<ds>[0-9]{1,2}))?)?"
@@ -165,19 +168,82 @@ def check_whole_number(field: str, value: str, low: int, high: int) -> str:
     return ""
 
 
-def check_memory(value: str) -> str:
-    """A Slurm memory size such as 64G (0 asks for all of a node's memory)."""
-    if not _MEMORY.fullmatch(value):
-        return _say("memory", value, "must be a Slurm size: a whole number with K, M, G or T")
-    return ""
-
-
 def _partitions_of(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> list[dict]:
     """Limits of the chosen partitions that the preset declares (unknown ones have none)."""
     preset = presets.get(str(answers.get("cluster", "")), {})
     declared = preset.get("partitions", {})
     names = str(answers.get("partition", "")).split(",")
     return [declared[n] for n in names if n in declared]
+
+
+# ------------------------------------------------------------------ cluster resources
+# The rules that hold answers to the facts of the cluster preset (presets/*.toml): the GPU
+# type of the chosen partitions, memory with its unit, cores per GPU within a node's share.
+
+
+def check_gpu_type(value: str, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
+    """An explicit GPU type, or one the preset knows for every chosen partition.
+
+    A partition the preset does not list has no known type: requesting the wrong one makes a
+    job that can never start, so that is an error (answer gpu_type), never a silent default.
+    A partition list (`a,b`) lets Slurm pick either, so both must have the same type.
+    """
+    if value:
+        if not _GPU_TYPE.fullmatch(value):
+            return _say("gpu_type", value, "must be a Slurm GPU type such as A100 or 1g.20gb")
+        return ""
+    cluster = str(answers.get("cluster", ""))
+    preset = presets.get(cluster, {})
+    if not preset.get("gpu_type_required"):
+        return ""
+    declared = preset.get("partitions", {})
+    names = str(answers.get("partition", "")).split(",")
+    unknown = [n for n in names if not declared.get(n, {}).get("gpu_type")]
+    if unknown:
+        rule = (
+            f"partition {unknown[0]} has no GPU type in preset {cluster} (known: "
+            f"{', '.join(sorted(declared))}); answer gpu_type, e.g. A100 (see `sinfo -o '%P %G'`)"
+        )
+        return _say("gpu_type", value, rule)
+    types = {n: declared[n]["gpu_type"] for n in names}
+    if len(set(types.values())) > 1:
+        listed = ", ".join(f"{n} ({t})" for n, t in types.items())
+        rule = f"partitions {listed} differ in GPU type; list partitions of one type"
+        return _say("gpu_type", value, rule + " or answer gpu_type")
+    return ""
+
+
+def check_memory(value: str) -> str:
+    """A Slurm size with its unit, per node (64G) or per GPU (16G/gpu)."""
+    if not _MEMORY.fullmatch(value):
+        rule = "must be a whole number with a unit K, M, G or T"
+        return _say("memory", value, rule + ", per node (64G) or per GPU (16G/gpu)")
+    return ""
+
+
+def check_cpus_per_gpu(value: str, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
+    """At least one core, and no more than a GPU's share of the partition's node."""
+    if message := check_whole_number("cpus_per_gpu", value, 1, MAX_CPUS_PER_GPU):
+        return message
+    for name, limits in _named_partitions(answers, presets):
+        share = limits["cpus_per_node"] // limits["gpus_per_node"]
+        if int(value) > share:
+            rule = (
+                f"exceeds the {share} cores per GPU of partition {name} in preset "
+                f"{answers.get('cluster')} ({limits['cpus_per_node']} cores for "
+                f"{limits['gpus_per_node']} GPUs per node)"
+            )
+            return _say("cpus_per_gpu", value, rule)
+    return ""
+
+
+def _named_partitions(
+    answers: Mapping[str, Any], presets: Mapping[str, Any]
+) -> list[tuple[str, dict]]:
+    """(name, limits) of the chosen partitions that the preset declares."""
+    preset = presets.get(str(answers.get("cluster", "")), {})
+    declared = preset.get("partitions", {})
+    return [(n, declared[n]) for n in str(answers.get("partition", "")).split(",") if n in declared]
 
 
 def check_gpus_per_node(value: str, answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
@@ -223,18 +289,19 @@ RULES: dict[str, Callable[[str], str]] = {
     "account": check_account,
     "partition": check_partition,
     "nodes": lambda v: check_whole_number("nodes", v, 1, MAX_NODES),
-    "cpus_per_gpu": lambda v: check_whole_number("cpus_per_gpu", v, 1, MAX_CPUS_PER_GPU),
     "memory": check_memory,
     "mail": lambda v: check_email("mail", v, optional=True),
 }
 CONTEXT_RULES: dict[str, Callable[[str, Mapping[str, Any], Mapping[str, Any]], str]] = {
+    "gpu_type": check_gpu_type,
     "gpus_per_node": check_gpus_per_node,
+    "cpus_per_gpu": check_cpus_per_gpu,
     "time_limit": check_time_limit,
     "snakemake": check_snakemake,
 }
 # Answers that reach shell scripts unquoted (#SBATCH lines, which Slurm never expands).
 SHELL_WORDS = (
-    "account", "partition", "nodes", "gpus_per_node", "cpus_per_gpu", "memory",
+    "account", "partition", "gpu_type", "nodes", "gpus_per_node", "cpus_per_gpu", "memory",
     "time_limit", "mail", "project_slug",
 )  # fmt: skip
 

@@ -59,6 +59,13 @@ BAD: list[tuple[dict[str, str], str]] = [
     ({"memory": "64 G"}, "memory"),
     ({"memory": "64GB"}, "memory"),
     ({"memory": "-1G"}, "memory"),
+    ({"memory": "64"}, "memory"),  # a bare number: megabytes to Slurm
+    ({"memory": "16G/node"}, "memory"),
+    ({"partition": "scc-gpu"}, "gpu_type"),  # not in the preset: no known GPU type
+    ({"partition": "grete,grete-h100"}, "gpu_type"),  # A100 and H100
+    ({"gpu_type": "A100:1"}, "gpu_type"),
+    ({"cpus_per_gpu": "100"}, "cpus_per_gpu"),
+    ({"partition": "grete-h100", "cpus_per_gpu": "25"}, "cpus_per_gpu"),
     ({"time_limit": "25:99"}, "time_limit"),
     ({"time_limit": "1-24:00:00"}, "time_limit"),
     ({"time_limit": "1:2:3:4"}, "time_limit"),
@@ -98,8 +105,10 @@ def test_bad_answer_rejected_by_rule(
     context = {"cluster": "grete", "partition": PRESETS["grete"]["batch_partition"], **answers}
     if "partition" not in answers and answers.get("cluster") == "generic":
         context["partition"] = "gpu"
-    expected = rules.check(field, answers[field], context, PRESETS)
-    assert expected, f"the rule itself accepts {answers[field]!r}"
+    # gpu_type is rejected for its default (empty) when the partition has no known type.
+    value = answers.get(field, "")
+    expected = rules.check(field, value, context, PRESETS)
+    assert expected, f"the rule itself accepts {value!r}"
     if answers.get("cluster") == "generic" and "partition" not in answers:
         answers = {**answers, "partition": "gpu"}
     result = bake(engine, template, tmp_path / "out", answers)

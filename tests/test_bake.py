@@ -56,7 +56,7 @@ COMBINATIONS: dict[str, dict[str, str]] = {
         "vscode": "no",
         "project_name": "Tiny Net",
         "time_limit": "30",
-        "memory": "0",
+        "memory": "1500M",
     },
 }
 

@@ -270,6 +270,16 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     else:
         assert "-m venv .venv" in install
         assert "pip install -e '.[dev" in install
+    # torch first, from PyTorch's index: the preset's CUDA build, or the CPU wheel where the
+    # image holds the CUDA one; `make install-cpu` always the CPU wheel.
+    variant = (
+        "cpu"
+        if answers["environment"] == "apptainer"
+        else PRESETS[answers["cluster"]]["torch_variant"]
+    )
+    torch = install.index(f'"torch>=2.4,<3" --index-url https://download.pytorch.org/whl/{variant}')
+    assert torch < install.index("pip install -e '.[")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in dry("install-cpu")
     submit = dry("submit")
     job = re.search(r"sbatch (\S+)", submit)
     assert job and (project / job[1]).is_file(), submit
@@ -297,9 +307,13 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     assert env["name"] == result.project.name
     assert env["channels"][0] == "conda-forge"
     assert f"python={answers['python_version']}" in env["dependencies"]
-    pip_part = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    match = re.fullmatch(r"--editable \.\[([\w,]+)\]", pip_part[0])
-    assert match, pip_part
+    # No pip part: `make install` adds torch from the preset's wheel index, then the project.
+    assert not [d for d in env["dependencies"] if isinstance(d, dict)]
+    install = run(["make", "-n", "install"], result.project).stdout
+    variant = PRESETS[answers["cluster"]]["torch_variant"]
+    torch = install.index(f"--index-url https://download.pytorch.org/whl/{variant}")
+    match = re.search(r"pip install -e '\.\[([\w,]+)\]'", install)
+    assert match and torch < match.start(), install
     extras = set(match[1].split(","))
     assert extras <= set(pyproject(result.project)["project"]["optional-dependencies"])
     assert ("tensorboard" in extras) == (answers["tracking"] == "tensorboard")

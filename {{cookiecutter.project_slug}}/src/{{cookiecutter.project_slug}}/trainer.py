@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import stage
@@ -145,7 +145,9 @@ def train(
             datasets = _load_checked(task, cfg, denv, check_raw)
             trainer = Trainer(cfg, task, datasets, settings=settings, denv=denv, device=device)
             with trainer:
-                return trainer.run(stop)
+                result = trainer.run(stop)
+            distributed.barrier()  # rank 0 has reported: the ranks end together (srun --wait)
+            return result
         finally:
             distributed.shutdown()
 
@@ -441,6 +443,7 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
+            provenance.record(self.run_dir, self.settings.project_root, os.environ)
             fields = metric_fields(self.task.metrics, self.lr_names)
             self.metrics = MetricsLog(self.run_dir, self.cfg.run.tracking, self.pos.step, fields)
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
