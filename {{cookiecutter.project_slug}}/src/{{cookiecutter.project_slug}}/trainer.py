@@ -146,7 +146,9 @@ def train(
             trainer = Trainer(cfg, task, datasets, settings=settings, denv=denv, device=device)
             with trainer:
                 result = trainer.run(stop)
-            distributed.barrier()  # rank 0 has reported: the ranks end together (srun --wait)
+            # Rank 0 has reported: the ranks end together (srun --wait), and no collective is
+            # still being torn down in gloo's threads when the group is destroyed.
+            distributed.barrier()
             return result
         finally:
             distributed.shutdown()
@@ -281,6 +283,10 @@ class Trainer:
     def __exit__(self, *_exc: object) -> None:
         """Shut the DataLoader workers down (also after an exception or a stop signal)."""
         self.batches.close()
+        # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
+        # it is not the group's last owner: gloo's destructor joins threads that may need the
+        # GIL, and in a reducer's teardown that deadlocked the process at exit.
+        self.model = self.net
 
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
