@@ -30,6 +30,10 @@ COPIER_YML = ROOT / "copier.yml"
 DEFAULT_CLUSTER = "grete"
 # cookiecutter's own keys: prompts, and the answers-file name that copier sets itself.
 NOT_DERIVED = {"__prompts__", "__answers"}
+# The answers hooks/post_gen_project.py reads (passed to it as a copier task).
+POST_GEN_KEYS = (
+    "project_name", "author_name", "author_email", "environment", "example", "cluster", "git_init",
+)  # fmt: skip
 
 
 def load_rules() -> Any:
@@ -87,7 +91,8 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
                 "command": [
                     "{{ _copier_python }}",
                     "{{ _copier_conf.src_path }}/hooks/post_gen_project.py",
-                    "{{ cookiecutter | tojson }}",
+                    # Only what the script reads: copier prints the command it runs.
+                    "{{ {" + ", ".join(f"'{k}': {k}" for k in POST_GEN_KEYS) + "} | tojson }}",
                 ],
                 "when": "{{ _copier_operation == 'copy' }}",
             }
