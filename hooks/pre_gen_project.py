@@ -22,7 +22,6 @@ import keyword
 import re
 import sys
 import unicodedata
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import pass_context
@@ -377,6 +376,8 @@ TEMPLATE_SYNTAX = tuple(_BRACE + second for second in (_BRACE, "%", "#"))
 # a new line of .gitlab-ci.yml) and format characters (Cf: bidirectional controls, zero-width
 # spaces and joiners).
 INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# Questions whose cookiecutter.json default is an expression (a test keeps this in step).
+COMPUTED_DEFAULTS = frozenset({"project_slug", "partition", "cpus_per_gpu", "memory", "time_limit"})
 # Keys cookiecutter derives itself; a value given for them on the command line is refused.
 DERIVED = ("__gpu_type", "__answers")
 
@@ -422,20 +423,18 @@ def check_private(answers: Mapping[str, Any]) -> list[str]:
     return [_say(k, answers.get(k), rule) for k in DERIVED if answers.get(k) != expected[k]]
 
 
-def check_given_syntax(raw: Mapping[str, Any], repo_dir: str | None) -> list[str]:
+def check_given_syntax(raw: Mapping[str, Any]) -> list[str]:
     """cookiecutter: template syntax in a given answer, seen before cookiecutter rendered it.
 
-    ``raw`` holds the answers before rendering; a value that differs from the template's own
-    default was given by the user. cruft keeps no such copy: its rendered answers are checked
-    by the rules like any other.
+    ``raw`` holds the answers before rendering (cruft keeps no such copy: its rendered answers
+    are checked by the rules like any other). Questions whose default is itself an expression
+    are skipped: a given value cannot be told from the default there, and their rules allow
+    no braces in what it renders to.
     """
-    if not raw or not repo_dir:
-        return []
-    defaults = json.loads(Path(repo_dir, "cookiecutter.json").read_text("utf-8"))
     return [
         message
         for key, value in raw.items()
-        if isinstance(value, str) and value != defaults.get(key)
+        if isinstance(value, str) and key not in COMPUTED_DEFAULTS
         if (message := check_hostile_text(key, value)) and "template syntax" in message
     ]
 
@@ -523,7 +522,7 @@ def _names_any(message: str, earlier: list[str]) -> bool:
 
 def main(answers: dict[str, Any], raw: dict[str, Any]) -> int:
     """Cookiecutter/cruft entry: print every rejected answer, exit 1 if there is one."""
-    errors = check_private(answers) + check_given_syntax(raw, answers.get("_repo_dir"))
+    errors = check_private(answers) + check_given_syntax(raw)
     # A field rejected for what was given is not reported again for what it rendered to.
     errors += [
         e for e in validate(answers, answers.get("_presets", {})) if not _names_any(e, errors)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, names
 from .batches import eval_batches, make_train_batches
 from .config import Config, from_dict, to_dict, to_toml
 from .data import Split, Splits, load_splits, processed_path, stage
@@ -66,6 +66,7 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
 
     A requeued Slurm job keeps its id, so it finds its own run directory and resumes.
     """
+    names.check_given(cfg.run.name, env.get("RUN_NAME", ""))  # one folder below runs/
     if cfg.run.name:
         return cfg.run.name
     if env.get("RUN_NAME"):
