@@ -130,7 +130,8 @@ POSITIVE = {
 # --- Upper bounds: values beyond these are typos, not experiments -------------------------
 # A 20-digit seed overflows torch's generator; 10^11 hidden units or 10^20 epochs run out of
 # memory or run forever without saying why. Settings missing here have no upper bound.
-# Seeds stay below 2**31 so that seed + rank fits every generator.
+# Seeds stay below 2**31 so that seed + rank fits every generator. (data.num_workers has
+# none: `doctor` warns when it exceeds the CPUs of the job.)
 UPPER_BOUNDS: dict[str, float] = {
     "run.seed": 2**31 - 1,
     "data.split_seed": 2**31 - 1,
@@ -140,7 +141,6 @@ UPPER_BOUNDS: dict[str, float] = {
     "run.keep_checkpoints": 10_000,
     "run.max_steps_this_segment": 10**12,
     "data.in_memory_max_gb": 10**6,
-    "data.num_workers": 1024,
     "data.prefetch_factor": 1024,
     "model.hidden": 10**6,
     "model.depth": 10_000,
