@@ -120,11 +120,6 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
             print(first_commit(project, answers["author_name"], answers["author_email"]))
         else:
             print("cruft makes no first commit: git init && git add -A && git commit")
-    if answers.get("author_email") == PLACEHOLDER_EMAIL:
-        print(
-            f"Note: the author is the placeholder {answers['author_name']} <{PLACEHOLDER_EMAIL}>;"
-            " put yours into pyproject.toml and LICENSE (and git config)."
-        )
     print(
         NEXT_STEPS.format(
             name=answers["project_name"],
@@ -134,6 +129,11 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
             cluster=answers["cluster"],
         )
     )
+    if answers.get("author_email") == PLACEHOLDER_EMAIL:
+        print(
+            f"Note: the author is the placeholder {answers['author_name']} <{PLACEHOLDER_EMAIL}>;"
+            " put yours into pyproject.toml and LICENSE (and git config)."
+        )
     return 0
 
 

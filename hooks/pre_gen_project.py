@@ -21,6 +21,7 @@ import json
 import keyword
 import re
 import sys
+import time
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -379,7 +380,7 @@ INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # Questions whose cookiecutter.json default is an expression (a test keeps this in step).
 COMPUTED_DEFAULTS = frozenset({"project_slug", "partition", "cpus_per_gpu", "memory", "time_limit"})
 # Keys cookiecutter derives itself; a value given for them on the command line is refused.
-DERIVED = ("__gpu_type", "__answers")
+DERIVED = ("__gpu_type", "__answers", "__year")
 
 
 def check_hostile_text(field: str, value: str) -> str:
@@ -407,6 +408,11 @@ def gpu_type(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
     return preset.get("partitions", {}).get(first, {}).get("gpu_type", preset.get("gpu_type", ""))
 
 
+def hpc_year() -> str:
+    """The current year (UTC) for the LICENSE: cookiecutter's now tag, for copier."""
+    return str(time.gmtime().tm_year)
+
+
 def check_presets(presets: object, name: str) -> str:
     """The presets must be the template's own: they reach sbatch scripts unchecked."""
     if presets_fingerprint(presets) != PRESETS_SHA256:
@@ -419,6 +425,11 @@ def check_private(answers: Mapping[str, Any]) -> list[str]:
     if message := check_presets(answers.get("_presets"), "_presets"):
         return [message]
     expected = {"__gpu_type": gpu_type(answers, answers["_presets"]), "__answers": ""}
+    # The year is rendered before this hook runs: a bake across New Year may see the old one.
+    year = hpc_year()
+    expected["__year"] = (
+        answers.get("__year") if answers.get("__year") == str(int(year) - 1) else year
+    )
     rule = "is derived by the template and cannot be given"
     return [_say(k, answers.get(k), rule) for k in DERIVED if answers.get(k) != expected[k]]
 
@@ -503,6 +514,7 @@ class Validation(Extension):
         """Register the filters on copier's Jinja environment."""
         super().__init__(environment)
         environment.filters["hpc_check"] = _hpc_check
+        environment.globals["hpc_year"] = hpc_year
         # cookiecutter ships a slugify filter; copier does not.
         environment.filters.setdefault("slugify", to_slug)
 

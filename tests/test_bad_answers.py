@@ -205,6 +205,8 @@ PRIVATE: list[tuple[str, dict, str]] = [
     ("cookiecutter", {"__answers": ".cruft.json"}, "ERROR: __answers '.cruft.json': is derived"),
     ("cruft", {"__gpu_type": "A100\nid>pwned.txt\n#"}, "ERROR: __gpu_type "),
     ("cruft", {"__answers": "../x"}, "ERROR: __answers '../x': is derived"),
+    ("cookiecutter", {"__year": "1999"}, "ERROR: __year '1999': is derived"),
+    ("cruft", {"__year": "2020 Evil Corp"}, "ERROR: __year '2020 Evil Corp': is derived"),
     ("cruft", {"_presets": GRETE_TAMPERED}, "ERROR: _presets: is the template's cluster data"),
     ("copier", {"presets": json.dumps(GRETE_TAMPERED)}, "presets: is the template's cluster data"),
     ("copier", {"presets": "{}"}, "presets: is the template's cluster data"),

@@ -30,6 +30,9 @@ COPIER_YML = ROOT / "copier.yml"
 DEFAULT_CLUSTER = "grete"
 # cookiecutter's own keys: prompts, and the answers-file name that copier sets itself.
 NOT_DERIVED = {"__prompts__", "__answers"}
+# Derived values whose cookiecutter expression has no copier twin: cookiecutter's `now` tag
+# becomes a function of the template's Jinja extension (hooks/pre_gen_project.py).
+COPIER_DERIVED = {"__year": "hpc_year()"}
 # The answers hooks/post_gen_project.py reads (passed to it as a copier task).
 POST_GEN_KEYS = (
     "project_name", "author_name", "author_email", "environment", "example", "cluster", "git_init",
@@ -63,6 +66,11 @@ def _copier_default(value: str) -> str:
     """Translate a cookiecutter default expression into copier's namespace."""
     value = value.replace("cookiecutter._presets", "presets")
     return re.sub(r"cookiecutter\.", "", value)
+
+
+def _derived_expression(name: str, raw: str) -> str:
+    """The copier expression of a derived value: the inside of its ``{{ ... }}``."""
+    return COPIER_DERIVED.get(name) or _copier_default(raw).strip()[2:-2].strip()
 
 
 def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
@@ -121,7 +129,7 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
     derived = [k for k in cookiecutter if k.startswith("__") and k not in NOT_DERIVED]
     mapping = ", ".join(
         [f"'{n}': {n}" for n in questions]
-        + [f"'{n}': ({_copier_default(cookiecutter[n]).strip()[2:-2].strip()})" for n in derived]
+        + [f"'{n}': ({_derived_expression(n, cookiecutter[n])})" for n in derived]
     )
     body["cookiecutter"] = {
         "type": "json",
