@@ -379,8 +379,6 @@ TEMPLATE_SYNTAX = tuple(_BRACE + second for second in (_BRACE, "%", "#"))
 INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # Questions whose cookiecutter.json default is an expression (a test keeps this in step).
 COMPUTED_DEFAULTS = frozenset({"project_slug", "partition", "cpus_per_gpu", "memory", "time_limit"})
-# Keys cookiecutter derives itself; a value given for them on the command line is refused.
-DERIVED = ("__gpu_type", "__answers", "__year")
 
 
 def check_hostile_text(field: str, value: str) -> str:
@@ -420,18 +418,22 @@ def check_presets(presets: object, name: str) -> str:
     return ""
 
 
+def check_year(value: object) -> str:
+    """Four digits, not in the future (a LICENSE may keep the year of its first bake)."""
+    text = str(value)
+    if not re.fullmatch(r"[0-9]{4}", text) or int(text) > int(hpc_year()):
+        return _say("__year", text, "is derived by the template (the current year)")
+    return ""
+
+
 def check_private(answers: Mapping[str, Any]) -> list[str]:
     """Cookiecutter and cruft: private values are the template's own or derived from answers."""
     if message := check_presets(answers.get("_presets"), "_presets"):
         return [message]
     expected = {"__gpu_type": gpu_type(answers, answers["_presets"]), "__answers": ""}
-    # The year is rendered before this hook runs: a bake across New Year may see the old one.
-    year = hpc_year()
-    expected["__year"] = (
-        answers.get("__year") if answers.get("__year") == str(int(year) - 1) else year
-    )
     rule = "is derived by the template and cannot be given"
-    return [_say(k, answers.get(k), rule) for k in DERIVED if answers.get(k) != expected[k]]
+    errors = [_say(k, answers.get(k), rule) for k in expected if answers.get(k) != expected[k]]
+    return errors + [m for m in [check_year(answers.get("__year"))] if m]
 
 
 def check_given_syntax(raw: Mapping[str, Any]) -> list[str]:
