@@ -10,8 +10,11 @@ One file serves every engine:
   ``validator:`` calls, so copier re-prompts on a bad answer.
 
 Each rule returns an empty string for a good value, else one line that names the field,
-the value and the rule. Keep template delimiters (braces followed by a percent sign, a hash
-or a second brace) out of this file: cookiecutter renders it before running it.
+the value (shortened when long) and the rule. Every answer is also checked for template
+syntax and invisible characters, and the values that are not questions (the presets, the
+derived ``__`` keys, copier's hidden ``presets`` and ``cookiecutter``) are recomputed or
+checked here, whatever an engine was given. Keep template delimiters (braces followed by a
+percent sign, a hash or a second brace) out of this file: cookiecutter renders it first.
 """
 
 from __future__ import annotations

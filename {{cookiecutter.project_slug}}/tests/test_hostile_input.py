@@ -196,3 +196,9 @@ def test_manifest_paths_written_with_dot_slash_name_the_file(project: Path) -> N
     lines = manifest.read_text().splitlines()
     manifest.write_text("\n".join([lines[0]] + [f"./{line}" for line in lines[1:]]) + "\n")
     assert cli.main(["data", "verify"]) == 0
+
+
+def test_a_raw_file_gone_while_hashing_gives_one_line(tmp_path: Path) -> None:
+    """Unreadable raw files (also as root, who reads everything): a RawDataError, no traceback."""
+    with pytest.raises(pkg("manifest").RawDataError, match="cannot be read"):
+        pkg("rawdata").sha256_file(tmp_path / "vanished.csv")
