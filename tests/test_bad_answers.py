@@ -257,6 +257,8 @@ def test_non_ascii_names_give_one_slug_in_every_engine(
 
 
 def test_a_long_name_gives_a_slug_within_the_limit(template: Path, tmp_path: Path) -> None:
+    default = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["project_slug"]
+    assert f"max_length={rules.MAX_SLUG}" in default
     name = "A Very Long Project Name About Learned Surrogates For Ocean Heat Transport"
     result = bake("cookiecutter", template, tmp_path / "out", {"project_name": name})
     assert result.ok, result.stderr[-2000:]
