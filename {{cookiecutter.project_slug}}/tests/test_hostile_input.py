@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pkg, run_cli, write_synthetic
+from conftest import pkg, run_cli
 
 cli = pkg("cli")
 names = pkg("names")
@@ -39,10 +39,8 @@ def one_error_line(err: str) -> str:
 def test_run_names_outside_runs_are_refused(
     name: str, project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_synthetic(project)
     before = snapshot(project)
-    code = cli.main(["train", f"run.name={name}", "data.dataset=custom", "data.verify_raw=false"])
-    assert code == 2
+    assert cli.main(["train", f"run.name={name}"]) == 2
     assert "run.name" in one_error_line(capsys.readouterr().err)
     assert snapshot(project) == before
 
@@ -50,12 +48,18 @@ def test_run_names_outside_runs_are_refused(
 def test_run_name_from_the_environment_is_checked_too(
     project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_synthetic(project)
     monkeypatch.setenv("RUN_NAME", "../../x")
     before = snapshot(project)
-    assert cli.main(["train", "data.dataset=custom", "data.verify_raw=false"]) == 2
+    assert cli.main(["train"]) == 2
     assert "RUN_NAME '../../x'" in one_error_line(capsys.readouterr().err)
     assert snapshot(project) == before
+
+
+def test_the_trainer_checks_the_run_name_too() -> None:
+    """Code that calls the trainer without the command line gets the same rule."""
+    cfg = pkg("config").load_config(None, [])
+    with pytest.raises(pkg("errors").ConfigError, match="RUN_NAME '/abs'"):
+        pkg("trainer").run_name(cfg, {"RUN_NAME": "/abs"})
 
 
 def test_evaluate_refuses_a_run_outside_runs(

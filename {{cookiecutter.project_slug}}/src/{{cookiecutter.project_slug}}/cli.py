@@ -10,6 +10,7 @@ signal, requeue me.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from . import __version__, rawdata
 from .config import Config, load_config
 from .errors import ConfigError, ProjectError
 from .manifest import RawDataError
-from .names import check_run_name
+from .names import check_given, check_run_name
 from .settings import Settings, get_settings
 
 PROG = __package__ or "main"
@@ -61,6 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train or resume; exit 3 after a stop signal (checkpoint written)."""
     settings = get_settings()
     cfg = _config(args, settings)
+    check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
     from .trainer import train  # noqa: PLC0415  (imports torch)
 
     return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
