@@ -246,7 +246,7 @@ def parse_tree(body: str) -> tuple[set[str], set[str]]:
 def baked_paths(project: Path) -> set[str]:
     """Files of a bake and the folders holding them, without git and engine bookkeeping.
 
-    (cookiecutter leaves an empty folder where every file has a false name condition.)
+    (Folders are counted through the files they hold.)
     """
     skip = {".git", ".copier-answers.yml", ".cruft.json"}
     files = [

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, provenance
+from . import checkpoint, distributed, names, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import stage
@@ -70,6 +70,7 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
 
     A requeued Slurm job keeps its id, so it finds its own run directory and resumes.
     """
+    names.check_given(cfg.run.name, env.get("RUN_NAME", ""))  # one folder below runs/
     if cfg.run.name:
         return cfg.run.name
     if env.get("RUN_NAME"):
