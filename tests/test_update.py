@@ -420,12 +420,6 @@ def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
     assert f"release: v{version} is tagged already" in release()
 
 
-    updated = _run([str(BIN / "cruft"), "update", "-y", "--checkout", "v0.2.0"], project)
-    assert updated.returncode == 0, updated.stderr[-2000:] + updated.stdout[-2000:]
-    _assert_updated(project)
-    assert _history(project) == ["my edits", "generated"]
-
-
 def _preset_release(template: Path) -> str:
     """Make a release that changes a preset (and the fingerprint `make sync` writes)."""
     cc_json = template / "cookiecutter.json"
