@@ -449,4 +449,5 @@ def test_cruft_update_takes_changed_presets(tmp_path: Path) -> None:
     update = [str(BIN / "cruft"), "update", "-y", "--checkout", "v0.2.0"]
     updated = _run(update, project)
     assert updated.returncode == 0, updated.stderr[-2000:] + updated.stdout[-2000:]
-    assert host in (project / "README.md").read_text("utf-8")
+    # docs/ssh_config.example is the template's (README.md is the project's own now)
+    assert host in (project / "docs" / "ssh_config.example").read_text("utf-8")
