@@ -511,12 +511,13 @@ def test_project_suite_passes_for_apptainer_on_generic(
     """The generated suite on the bake farthest from the default (test_generated_suite.py).
 
     Environment and preset change the job scripts, configs and Makefile the suite reads;
-    the Python package is the same for every choice, so one more bake covers the rest.
+    the Python package is the same for every choice, so one more bake covers the rest, and
+    the project's slow tests (the example tasks end to end) run on the default bake only.
     """
     result = baked("apptainer-generic", template, tmp_path_factory)
     env = {"PYTHONPATH": str(result.project / "src")}
     done = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"],
         result.project,
         env,
         timeout=600,
