@@ -485,7 +485,7 @@ def _jinja_int(text: object) -> int:
         pass
     try:
         return int(float(str(text)))
-    except ValueError:
+    except (ValueError, OverflowError):  # "inf": Jinja gives 0 too
         return 0
 
 
