@@ -356,9 +356,10 @@ def check_gpu_type(value: str, answers: Mapping[str, Any], presets: Mapping[str,
     names = str(answers.get("partition", "")).split(",")
     unknown = [n for n in names if not declared.get(n, {}).get("gpu_type")]
     if unknown:
+        # The known partitions are listed on the options page; the line stays short.
         rule = (
-            f"partition {unknown[0]} has no GPU type in preset {cluster} (known: "
-            f"{', '.join(sorted(declared))}); answer gpu_type, e.g. A100 (see `sinfo -o '%P %G'`)"
+            f"partition {unknown[0]} has no GPU type in preset {cluster}; answer gpu_type, "
+            "e.g. A100 (see `sinfo -o '%P %G'`)"
         )
         return _say("gpu_type", value, rule)
     types = {n: declared[n]["gpu_type"] for n in names}

@@ -177,13 +177,14 @@ def test_bad_answer_rejected_by_rule(
     assert expected, f"the rule itself accepts {value!r}"
     if answers.get("cluster") == "generic" and "partition" not in answers:
         answers = {**answers, "partition": "gpu"}
-    if engine == "cruft" and any(m in answers[field] for m in rules.TEMPLATE_SYNTAX):
+    if engine == "cruft" and any(m in str(answers.get(field, "")) for m in rules.TEMPLATE_SYNTAX):
         pytest.skip("cruft renders template syntax in answers before the hook (see closing note)")
     result = bake(engine, template, tmp_path / "out", answers)
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr[-2000:]
     assert len(expected) < 200, "a message repeats a long value in full"
-    assert len(answers[field]) <= rules.MAX_SHOWN or answers[field] not in result.stderr
+    shown = str(answers.get(field, ""))  # the field may be judged by another answer
+    assert len(shown) <= rules.MAX_SHOWN or shown not in result.stderr
     if engine == "copier":
         assert f"Validation error for question '{field}'" in result.stderr
     else:
