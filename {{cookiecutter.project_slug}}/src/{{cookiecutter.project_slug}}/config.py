@@ -83,6 +83,7 @@ class TrainConfig:
     warmup_steps: int = 20
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max gradient norm; 0: off
+    nonfinite_patience: int = 0  # logging windows in a row with a NaN/inf loss before stopping
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | bf16 | fp16 | fp32
     device: str = "auto"  # auto (cuda, mps, cpu) | cuda | mps | cpu
 
