@@ -49,8 +49,11 @@ def test_fp16_with_loss_scaling(project: Path) -> None:
 def test_deterministic_channels_last_cnn() -> None:
     cfg = pkg("config").load_config(
         None,
-        [*GPU, "task.name=digits", "run.name=cnn", "model.name=cnn", "model.channels_last=true"]
-        + ["run.deterministic=true", "train.epochs=2", "train.precision=bf16"],
+        [
+            *GPU,
+            *("task.name=digits", "run.name=cnn", "model.name=cnn", "model.channels_last=true"),
+            *("run.deterministic=true", "train.epochs=2", "train.precision=bf16"),
+        ],
     )
     assert pkg("trainer").train(cfg).summary["status"] == "finished"
 

@@ -40,7 +40,8 @@ def test_changed_lr_and_weight_decay_apply_from_the_resumed_step(
     assert [lrs[s] for s in (1, 2, 3)] == [0.01] * 3
     assert {lrs[s] for s in range(4, 14)} == {0.02}
     state = checkpoint.load_latest(project / "runs" / "lr" / "checkpoints")
-    assert [g["weight_decay"] for g in state["optimizer"]["param_groups"]] == [0.05, 0.0]  # no decay group
+    decays = [g["weight_decay"] for g in state["optimizer"]["param_groups"]]
+    assert decays == [0.05, 0.0]  # the second group: parameters without decay
 
 
 def test_unchanged_config_reports_no_change(

@@ -184,6 +184,16 @@ class Timers:
         return out
 
 
+def whole_run(seconds: dict[str, float], samples: int) -> dict[str, Any]:
+    """Totals over every segment of a run (up to each one's last checkpoint) and this one."""
+    train = seconds.get("data", 0.0) + seconds.get("compute", 0.0)
+    return {
+        **{f"{key}_s": round(value, 3) for key, value in seconds.items()},
+        "samples": samples,
+        "samples_per_s": round(samples / train, 1) if train > 0 else 0.0,
+    }
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The "where the time went" block printed at the end of `train`."""
     lines = [
@@ -194,6 +204,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         ),
         f"  total      {summary['wall_s']:9.2f} s  ({summary['samples_per_s']:.0f} samples/s)",
     ]
+    if whole := summary.get("whole_run"):
+        lines.append(
+            f"  whole run  {whole['wall_s']:9.2f} s  ({whole['samples_per_s']:.0f} samples/s, "
+            "all segments)"
+        )
     if "peak_gpu_mem_gib" in summary:
         lines.append(f"  peak GPU memory {summary['peak_gpu_mem_gib']:.2f} GiB")
     if "gpu_util_mean_pct" in summary:

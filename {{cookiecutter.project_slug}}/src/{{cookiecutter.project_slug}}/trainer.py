@@ -31,7 +31,7 @@ from .config import Config, to_dict, to_toml
 from .data import stage
 from .errors import CheckpointError, ConfigError, DataError
 from .evaluate import split_sums
-from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields
+from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
 from .preemption import EXIT_DIVERGED, EXIT_REQUEUE, StopRequest, catch_stop_signals
 from .runtime import (
@@ -176,6 +176,23 @@ def _load_checked(
     return task.datasets(data_dir)
 
 
+def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device) -> bool:
+    """Whether batches are sliced from tensors on the device (`data.in_memory`)."""
+    nbytes = tensor_bytes(train_set)
+    if cfg.data.in_memory == "yes" and nbytes is None:
+        raise ConfigError(
+            f"data.in_memory = 'yes' needs a TensorDataset; task {task_name}'s train set "
+            f"is a {type(train_set).__name__}: use 'auto' or 'no'"
+        )
+    return nbytes is not None and (
+        cfg.data.in_memory == "yes"
+        or (
+            cfg.data.in_memory == "auto"
+            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device)
+        )
+    )
+
+
 class Trainer:
     """State of one training process; `run` is the loop.
 
@@ -206,19 +223,7 @@ class Trainer:
         for split in ("train", "val"):
             check_first_sample(datasets.get(split), f"task {task.name}: {split} data set")
         train_set = datasets.train
-        nbytes = tensor_bytes(train_set)
-        if cfg.data.in_memory == "yes" and nbytes is None:
-            raise ConfigError(
-                f"data.in_memory = 'yes' needs a TensorDataset; task {task.name}'s train set "
-                f"is a {type(train_set).__name__}: use 'auto' or 'no'"
-            )
-        self.in_memory = nbytes is not None and (
-            cfg.data.in_memory == "yes"
-            or (
-                cfg.data.in_memory == "auto"
-                and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device)
-            )
-        )
+        self.in_memory = _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
         self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
@@ -229,6 +234,11 @@ class Trainer:
                 f"{self.accum} accumulation steps exceeds the {size(train_set)} training samples"
             )
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
+        if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
+            raise ConfigError(
+                f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
+                f"(one of {list(task.metrics)})"
+            )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -266,6 +276,8 @@ class Trainer:
         self.finite_step = 0  # the last step known to have finite weights
         self.nonfinite_windows = 0  # logging windows in a row with a NaN/inf loss
         self.grad_norm: torch.Tensor | None = None
+        self.best: float | None = None  # best value of run.best_metric so far
+        self.earlier: dict[str, float] = {}  # seconds per activity of the earlier segments
         self.timers = Timers()
         self._held = ExitStack()  # the run directory's lock
         self.saved_step, self.saved_time = -1, time.monotonic()
@@ -323,6 +335,7 @@ class Trainer:
         self.load_optimizer(state)
         self.pos = Position(**state["position"])
         self.saved_step = self.finite_step = self.pos.step
+        self.best, self.earlier = state.get("best"), state.get("seconds", {})
         self.restore_order(state)
         for change in _config_changes(state["config"], to_dict(self.cfg)):
             self.say(f"note: config changed since the checkpoint, applies from here: {change}")
@@ -421,6 +434,8 @@ class Trainer:
                 "world_size": self.denv.world_size,
                 "batch_size": self.cfg.train.batch_size,
                 "config": to_dict(self.cfg),
+                "best": self.best,
+                "seconds": self.run_seconds(),
             }
             checkpoint.save(state, self.ckpt_dir, self.pos.step, self.cfg.run.keep_checkpoints)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
@@ -480,6 +495,7 @@ class Trainer:
             workers=self.workers,
         )
         self.last_val = self.task.summarize(self.last_sums)
+        self.keep_best()
         self.timers.add("eval", start)
         if self.metrics is not None:
             self.metrics.write(
@@ -489,6 +505,25 @@ class Trainer:
                 **self.last_val,
                 elapsed_s=round(time.perf_counter() - self.timers.start, 3),
             )
+
+    def keep_best(self) -> None:
+        """`run.best_metric`: rank 0 writes the weights to best.pt when the metric improved."""
+        name = self.cfg.run.best_metric
+        value = self.last_val.get(name, math.nan) if name else math.nan
+        if not math.isfinite(value):
+            return
+        lower = self.cfg.run.best_mode == "min"
+        if self.best is not None and not (value < self.best if lower else value > self.best):
+            return  # only a strict improvement replaces the best
+        self.best = value
+        if self.denv.is_main:
+            best = {"model": self.net.state_dict(), "step": self.pos.step, name: value}
+            checkpoint.save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
+
+    def run_seconds(self) -> dict[str, float]:
+        """Seconds per activity (and wall) of the whole run so far: earlier segments and this."""
+        now = {"wall": time.perf_counter() - self.timers.start, **self.timers.seconds}
+        return {key: self.earlier.get(key, 0.0) + value for key, value in now.items()}
 
     def decide(self, stop_requested: bool, epoch_done: bool, segment_steps: int) -> str:
         """After a step: checkpoint if due; return "stop", "segment", "diverged" or ""."""
@@ -570,6 +605,7 @@ class Trainer:
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
+            "whole_run": whole_run(self.run_seconds(), self.pos.samples),
         }
         if self.denv.is_main:
             self.report(summary)
@@ -591,7 +627,7 @@ class Trainer:
         """Epochs and steps; returns the outcome ("", "stop", "segment") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
         loss_sum, loss_count = torch.zeros((), device=self.device), 0
-        log_every = self.log_every
+        log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
@@ -630,10 +666,11 @@ class Trainer:
                 progress.update(self.pos.step, self.pos.epoch, stats)
 
                 epoch_done = self.pos.batch >= self.steps_per_epoch * self.accum
-                if epoch_done:
+                if epoch_done or (val_every > 0 and self.pos.step % val_every == 0):
                     self.validate()
                     values = " ".join(f"{k} {v:.4f}" for k, v in self.last_val.items())
                     progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
+                if epoch_done:
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
                 if outcome := self.decide(stop.requested, epoch_done, segment_steps):
                     return outcome, segment_steps
