@@ -40,6 +40,7 @@ test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generat
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
+	$(BIN)/python tools/gen_hook_data.py
 	$(BIN)/python tools/gen_options_doc.py
 
 release: ## Tag the version in cookiecutter.json: changelog entry, tests, tag (SKIP_TESTS=1: no tests)

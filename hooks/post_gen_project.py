@@ -42,6 +42,14 @@ DATA_STEP = {
     "no": "once data/raw holds your data and data.py reads it (data/README.md)",
 }
 MANIFEST_COLUMNS = 4
+# Folders whose every file is optional (chosen by its file name): both engines leave them
+# empty when nothing in them was chosen, so they are removed then (deepest first).
+OPTIONAL_FOLDERS = (
+    ".github/workflows", ".github", ".vscode", "container",
+    "workflow/profiles/slurm", "workflow/profiles", "workflow",
+)  # fmt: skip
+# The author defaults of cookiecutter.json: a --no-input bake keeps them silently.
+PLACEHOLDER_EMAIL = "jane.doe@example.org"
 
 
 def _git(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -71,8 +79,20 @@ def first_commit(project: Path, author: str, email: str) -> str:
     for args in steps:
         result = _git(project, *args)
         if result.returncode != 0:
-            return f"git {args[0]} failed: {result.stderr.strip().splitlines()[-1:]}"
+            # All or nothing: no repository with staged files and no commit is left behind.
+            shutil.rmtree(project / ".git", ignore_errors=True)
+            reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
+            verb = next(a for a in args if a in {"init", "add", "commit"})
+            return f"No git repository created: git {verb} failed: {reason}"
     return "Initialised a git repository with a first commit."
+
+
+def remove_empty_optional_folders(project: Path) -> None:
+    """Remove the optional folders that nothing was generated into."""
+    for name in OPTIONAL_FOLDERS:
+        folder = project / name
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def protect_raw_data(project: Path) -> None:
@@ -94,8 +114,12 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
     """Protect the raw data, make the first commit when asked and allowed, print next steps."""
     project = Path.cwd()
     protect_raw_data(project)
-    if may_commit and answers.get("git_init") == "yes":
-        print(first_commit(project, answers["author_name"], answers["author_email"]))
+    remove_empty_optional_folders(project)
+    if answers.get("git_init") == "yes":
+        if may_commit:
+            print(first_commit(project, answers["author_name"], answers["author_email"]))
+        else:
+            print("cruft makes no first commit: git init && git add -A && git commit")
     print(
         NEXT_STEPS.format(
             name=answers["project_name"],
@@ -105,6 +129,11 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
             cluster=answers["cluster"],
         )
     )
+    if answers.get("author_email") == PLACEHOLDER_EMAIL:
+        print(
+            f"Note: the author is the placeholder {answers['author_name']} <{PLACEHOLDER_EMAIL}>;"
+            " put yours into pyproject.toml and LICENSE (and git config)."
+        )
     return 0
 
 

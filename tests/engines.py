@@ -46,7 +46,7 @@ def _tool(name: str) -> str:
 def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bake:
     """Generate a project with one engine; ``out`` is an empty parent folder."""
     slug = answers.get("project_slug") or rules.to_slug(
-        answers.get("project_name", "My HPC Project")
+        answers.get("project_name", "My HPC Project"), max_length=rules.MAX_SLUG
     )
     out.mkdir(parents=True, exist_ok=True)
     if engine == "cookiecutter":

@@ -1,12 +1,24 @@
-"""Bad answers: cookiecutter and copier reject each with the same one-line rule, write nothing."""
+"""Bad answers: every engine rejects each with the same one-line rule and writes nothing.
+
+The table holds every class of careless or hostile answer found so far: malformed values,
+shell metacharacters, invisible characters, template syntax, slugs that would break the
+project, addresses setuptools or git refuse, and values too long to repeat. Private values
+(presets, derived keys, copier's hidden questions) have their own table: each engine passes
+them its own way.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import jinja2
 import pytest
-from engines import bake, rules
+from engines import Bake, bake, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_presets"]
@@ -59,6 +71,13 @@ BAD: list[tuple[dict[str, str], str]] = [
     ({"memory": "64 G"}, "memory"),
     ({"memory": "64GB"}, "memory"),
     ({"memory": "-1G"}, "memory"),
+    ({"memory": "64"}, "memory"),  # a bare number: megabytes to Slurm
+    ({"memory": "16G/node"}, "memory"),
+    ({"partition": "scc-gpu"}, "gpu_type"),  # not in the preset: no known GPU type
+    ({"partition": "grete,grete-h100"}, "gpu_type"),  # A100 and H100
+    ({"gpu_type": "A100:1"}, "gpu_type"),
+    ({"cpus_per_gpu": "100"}, "cpus_per_gpu"),
+    ({"partition": "grete-h100", "cpus_per_gpu": "25"}, "cpus_per_gpu"),
     ({"time_limit": "25:99"}, "time_limit"),
     ({"time_limit": "1-24:00:00"}, "time_limit"),
     ({"time_limit": "1:2:3:4"}, "time_limit"),
@@ -72,6 +91,50 @@ BAD: list[tuple[dict[str, str], str]] = [
     ({"cluster": "generic", "time_limit": "8-00:00:00"}, "time_limit"),
     ({"mail": "me"}, "mail"),
     ({"mail": "me@x.org;reboot"}, "mail"),
+    # Invisible characters: line and paragraph separators end a YAML comment; bidirectional
+    # controls and zero-width characters hide or reorder text.
+    ({"project_name": "Net\u2028ci_job:", "project_slug": "net"}, "project_name"),
+    ({"project_name": "Net\u2029x", "project_slug": "net"}, "project_name"),
+    ({"project_name": "Net \u202egnp.exe", "project_slug": "net"}, "project_name"),
+    ({"description": "zero\u200bwidth"}, "description"),
+    ({"description": "joined\u200d"}, "description"),
+    ({"description": "\ufeffBOM first"}, "description"),
+    ({"author_name": "Jane\u2066 Doe"}, "author_name"),
+    ({"author_name": "Jane\u200f Doe"}, "author_name"),
+    ({"description": "bell\x07"}, "description"),
+    ({"account": "acc\u200b"}, "account"),
+    # Template syntax that renders cleanly: cookiecutter would render it, copier keep it.
+    ({"author_name": "{{ cookiecutter.project_name }}"}, "author_name"),
+    ({"description": "{% if true %}x{% endif %}"}, "description"),
+    ({"project_name": "Net {# note #}", "project_slug": "net"}, "project_name"),
+    ({"description": "{{ 7 * 7 }}"}, "description"),
+    # Slugs that break the project: CPython's test package, pytest's files, the dependency
+    # closure (dependencies of dependencies too) and the project's own folders.
+    ({"project_slug": "test"}, "project_slug"),
+    ({"project_slug": "conftest"}, "project_slug"),
+    ({"project_slug": "sympy"}, "project_slug"),
+    ({"project_slug": "pyparsing"}, "project_slug"),
+    ({"project_slug": "torchgen"}, "project_slug"),
+    ({"project_slug": "networkx"}, "project_slug"),
+    ({"project_slug": "filelock"}, "project_slug"),
+    ({"project_slug": "triton"}, "project_slug"),
+    ({"project_slug": "tests"}, "project_slug"),
+    ({"project_slug": "src"}, "project_slug"),
+    ({"project_slug": "logs"}, "project_slug"),
+    ({"project_slug": "a/b"}, "project_slug"),
+    # Accepted before, refused later by setuptools or git.
+    ({"author_email": ".a..b@example.org"}, "author_email"),
+    ({"author_email": "a.@example.org"}, "author_email"),
+    ({"author_email": "a..b@example.org"}, "author_email"),
+    ({"author_email": "a@-x.org"}, "author_email"),
+    ({"author_email": "a@x-.org"}, "author_email"),
+    ({"mail": "me@x..org"}, "mail"),
+    ({"author_name": "."}, "author_name"),
+    ({"author_name": ", ;"}, "author_name"),
+    ({"author_name": "Jane <jane@x.org>"}, "author_name"),
+    # Too long to repeat: the message shows the start and the length.
+    ({"project_name": "N" * 10_000}, "project_name"),
+    ({"description": "d" * 5_000}, "description"),
 ]
 # Choice questions are checked by each engine itself, with its own wording.
 BAD_CHOICES = [
@@ -88,32 +151,52 @@ def test_table_is_large_enough() -> None:
     assert len(BAD) + len(BAD_CHOICES) >= 40
 
 
+# cookiecutter and cruft create the project folder before any hook runs: a slug with '/'
+# leaves the empty folder above it (out/a for a/b). Nothing else is ever left.
+SLUG_PATH = {"cookiecutter", "cruft"}
+
+
+def _leftovers(out: Path) -> list[str]:
+    """Files under out, and folders other than the empty ones a path slug leaves."""
+    return [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() or any(p.iterdir())]
+
+
 @pytest.mark.parametrize(
     ("answers", "field"), BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)]
 )
-@pytest.mark.parametrize("engine", ["cookiecutter", "copier"])
+@pytest.mark.parametrize("engine", ["cookiecutter", "copier", "cruft"])
 def test_bad_answer_rejected_by_rule(
     engine: str, answers: dict[str, str], field: str, template: Path, tmp_path: Path
 ) -> None:
     context = {"cluster": "grete", "partition": PRESETS["grete"]["batch_partition"], **answers}
     if "partition" not in answers and answers.get("cluster") == "generic":
         context["partition"] = "gpu"
-    expected = rules.check(field, answers[field], context, PRESETS)
-    assert expected, f"the rule itself accepts {answers[field]!r}"
+    # gpu_type is rejected for its default (empty) when the partition has no known type.
+    value = answers.get(field, "")
+    expected = rules.check(field, value, context, PRESETS)
+    assert expected, f"the rule itself accepts {value!r}"
     if answers.get("cluster") == "generic" and "partition" not in answers:
         answers = {**answers, "partition": "gpu"}
+    if engine == "cruft" and any(m in answers[field] for m in rules.TEMPLATE_SYNTAX):
+        pytest.skip("cruft renders template syntax in answers before the hook (see closing note)")
     result = bake(engine, template, tmp_path / "out", answers)
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr[-2000:]
+    assert len(expected) < 200, "a message repeats a long value in full"
+    assert len(answers[field]) <= rules.MAX_SHOWN or answers[field] not in result.stderr
     if engine == "copier":
         assert f"Validation error for question '{field}'" in result.stderr
     else:
         assert f"ERROR: {expected}" in result.stderr
-    assert list((tmp_path / "out").iterdir()) == [], "a rejected answer left files behind"
+    out = tmp_path / "out"
+    if engine in SLUG_PATH and "/" in answers.get("project_slug", ""):
+        assert _leftovers(out) == [], "a rejected answer left files behind"
+    else:
+        assert list(out.iterdir()) == [], "a rejected answer left files behind"
 
 
 @pytest.mark.parametrize(("field", "value"), BAD_CHOICES)
-@pytest.mark.parametrize("engine", ["cookiecutter", "copier"])
+@pytest.mark.parametrize("engine", ["cookiecutter", "copier", "cruft"])
 def test_bad_choice_rejected(
     engine: str, field: str, value: str, template: Path, tmp_path: Path
 ) -> None:
@@ -121,3 +204,166 @@ def test_bad_choice_rejected(
     assert result.returncode != 0
     assert field in result.stderr and value in result.stderr
     assert list((tmp_path / "out").iterdir()) == []
+
+
+# Private values, given the way each engine lets a user pass them: (engine, answers, message).
+GRETE_TAMPERED = {**PRESETS, "grete": {**PRESETS["grete"], "modules": ["cuda\nid>pwned.txt"]}}
+PRIVATE: list[tuple[str, dict, str]] = [
+    ("cookiecutter", {"__gpu_type": "A100\nid>pwned.txt\n#"}, "ERROR: __gpu_type "),
+    ("cookiecutter", {"__gpu_type": "H100"}, "ERROR: __gpu_type 'H100': is derived"),
+    ("cookiecutter", {"__mem_per_node": "64G\nid>pwned.txt"}, "ERROR: __mem_per_node "),
+    ("cookiecutter", {"__answers": "../../../x"}, "ERROR: __answers '../../../x': is derived"),
+    ("cookiecutter", {"__answers": ".cruft.json"}, "ERROR: __answers '.cruft.json': is derived"),
+    ("cruft", {"__gpu_type": "A100\nid>pwned.txt\n#"}, "ERROR: __gpu_type "),
+    ("cruft", {"__answers": "../x"}, "ERROR: __answers '../x': is derived"),
+    ("cookiecutter", {"__year": "2999"}, "ERROR: __year '2999': is derived"),
+    ("cruft", {"__year": "2020 Evil Corp"}, "ERROR: __year '2020 Evil Corp': is derived"),
+    ("cruft", {"_presets": GRETE_TAMPERED}, "ERROR: _presets: is the template's cluster data"),
+    ("cookiecutter", {"__year": "2026\nid"}, "ERROR: __year '2026\\nid': is derived"),
+    ("copier", {"presets": json.dumps(GRETE_TAMPERED)}, "presets: is the template's cluster data"),
+    ("copier", {"presets": "{}"}, "presets: is the template's cluster data"),
+    ("copier", {"cookiecutter": json.dumps({"account": "a\nb"})}, "cookiecutter: is computed"),
+    ("copier", {"cookiecutter": "{}"}, "cookiecutter: is computed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("engine", "answers", "message"),
+    PRIVATE,
+    ids=[f"{e}-{i}" for i, (e, _, _) in enumerate(PRIVATE)],
+)
+def test_private_values_cannot_be_given(
+    engine: str, answers: dict, message: str, template: Path, tmp_path: Path
+) -> None:
+    result = bake(engine, template, tmp_path / "out", answers)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert list((tmp_path / "out").iterdir()) == [], "a rejected answer left files behind"
+
+
+@pytest.mark.parametrize("engine", ["cookiecutter", "copier", "cruft"])
+def test_undefined_template_syntax_is_rejected_before_anything_is_written(
+    engine: str, template: Path, tmp_path: Path
+) -> None:
+    """cookiecutter and cruft fail rendering the answer (own message), copier by the rule."""
+    result = bake(engine, template, tmp_path / "out", {"author_name": "{{ nobody.knows }}"})
+    assert result.returncode != 0
+    wanted = "must not contain template syntax" if engine == "copier" else "author_name"
+    assert wanted in result.stdout + result.stderr  # cookiecutter's own message is on stdout
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [("Straße Modell", "strasse_modell"), ("Δέλτα Net", "delta_net"), ("Café Lab", "cafe_lab")],
+)
+@pytest.mark.parametrize("engine", ["cookiecutter", "copier", "cruft"])
+def test_non_ascii_names_give_one_slug_in_every_engine(
+    engine: str, name: str, slug: str, template: Path, tmp_path: Path
+) -> None:
+    result = bake(engine, template, tmp_path / "out", {"project_name": name})
+    assert result.ok, result.stderr[-2000:]
+    assert (result.project / "src" / slug / "__init__.py").is_file()
+
+
+def test_a_long_name_gives_a_slug_within_the_limit(template: Path, tmp_path: Path) -> None:
+    default = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["project_slug"]
+    assert f"max_length={rules.MAX_SLUG}" in default
+    name = "A Very Long Project Name About Learned Surrogates For Ocean Heat Transport"
+    result = bake("cookiecutter", template, tmp_path / "out", {"project_name": name})
+    assert result.ok, result.stderr[-2000:]
+    assert len(result.project.name) <= rules.MAX_SLUG
+    assert (result.project / "src" / result.project.name).is_dir()
+
+
+@pytest.mark.parametrize("slug", ["build", "dist"])
+def test_slugs_named_like_build_folders_are_committed(
+    slug: str, template: Path, tmp_path: Path
+) -> None:
+    """Ignore rules are anchored at the root: src/build is tracked in the first commit."""
+    result = bake("cookiecutter", template, tmp_path / "out", {"project_slug": slug})
+    assert result.ok, result.stderr[-2000:]
+    tracked = subprocess.run(
+        ["git", "ls-files", f"src/{slug}"],
+        cwd=result.project,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    assert f"src/{slug}/__init__.py" in tracked and f"src/{slug}/cli.py" in tracked
+
+
+def test_default_bake_leaves_no_empty_folders(default_bake: Bake) -> None:
+    root = default_bake.project
+    empty = [
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_dir() and ".git" not in p.parts and not any(p.iterdir())
+    ]
+    assert empty == []
+
+
+def test_a_failed_first_commit_leaves_no_repository(tmp_path: Path) -> None:
+    """All or nothing: git refusing the identity leaves no half-made repository behind."""
+    post_gen = _load("post_gen", ROOT / "hooks" / "post_gen_project.py")
+    (tmp_path / "file.txt").write_text("x\n")
+    outcome = post_gen.first_commit(tmp_path, ".", "a@example.org")
+    assert outcome.startswith("No git repository created: git commit failed")
+    assert not (tmp_path / ".git").exists()
+
+
+def test_placeholder_author_is_the_template_default() -> None:
+    post_gen = _load("post_gen", ROOT / "hooks" / "post_gen_project.py")
+    defaults = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    assert defaults["author_email"] == post_gen.PLACEHOLDER_EMAIL
+
+
+def test_generated_hook_data_is_fresh() -> None:
+    """The forbidden slugs follow the real dependency closure; the presets fingerprint too."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_hook_data.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert rules.presets_fingerprint(PRESETS) == rules.PRESETS_SHA256
+
+
+def test_computed_defaults_are_the_expressions_of_cookiecutter_json() -> None:
+    questions = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    expressions = {
+        k for k, v in questions.items() if not k.startswith("_") and isinstance(v, str) and "{" in v
+    }
+    assert expressions == rules.COMPUTED_DEFAULTS
+
+
+def test_gpu_type_rule_matches_cookiecutter_expression() -> None:
+    """The hook recomputes __gpu_type exactly as cookiecutter.json's expression does."""
+    expression = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["__gpu_type"]
+    for cluster, preset in PRESETS.items():
+        for partition in [*preset["partitions"], "unknown", "grete,grete-h100"]:
+            for given in ("", "H100"):
+                answers = {"cluster": cluster, "partition": partition, "gpu_type": given}
+                rendered = jinja2.Template(expression).render(
+                    cookiecutter={**answers, "_presets": PRESETS}
+                )
+                assert rules.gpu_type(answers, PRESETS) == rendered, (cluster, partition, given)
+
+
+def test_mem_per_node_rule_matches_cookiecutter_expression() -> None:
+    """The hook recomputes __mem_per_node exactly as cookiecutter.json's expression does."""
+    expression = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["__mem_per_node"]
+    for memory in ("64G", "500M", "16G/gpu", "120G/gpu", "2T/gpu"):
+        for gpus in ("1", "4"):
+            answers = {"memory": memory, "gpus_per_node": gpus}
+            rendered = jinja2.Template(expression).render(cookiecutter=answers)
+            assert rules.mem_per_node(answers) == rendered, (memory, gpus)
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

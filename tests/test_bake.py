@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
@@ -56,7 +57,7 @@ COMBINATIONS: dict[str, dict[str, str]] = {
         "vscode": "no",
         "project_name": "Tiny Net",
         "time_limit": "30",
-        "memory": "0",
+        "memory": "1500M",
     },
 }
 
@@ -149,6 +150,8 @@ def test_license_matches_answer(baked: tuple[Bake, dict[str, str]]) -> None:
         "proprietary": "All rights reserved",
     }[answers["license"]]
     assert marker in text
+    if answers["license"] != "Apache-2.0":  # the Apache text names no copyright holder
+        assert f"Copyright (c) {time.gmtime().tm_year} " in text
     meta = tomllib.loads((result.project / "pyproject.toml").read_text("utf-8"))["project"]
     assert meta.get("license") == (
         None if answers["license"] == "proprietary" else answers["license"]

@@ -270,6 +270,16 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     else:
         assert "-m venv .venv" in install
         assert "pip install -e '.[dev" in install
+    # torch first, from PyTorch's index: the preset's CUDA build, or the CPU wheel where the
+    # image holds the CUDA one; `make install-cpu` always the CPU wheel.
+    variant = (
+        "cpu"
+        if answers["environment"] == "apptainer"
+        else PRESETS[answers["cluster"]]["torch_variant"]
+    )
+    torch = install.index(f'"torch>=2.4,<3" --index-url https://download.pytorch.org/whl/{variant}')
+    assert torch < install.index("pip install -e '.[")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in dry("install-cpu")
     submit = dry("submit")
     job = re.search(r"sbatch (\S+)", submit)
     assert job and (project / job[1]).is_file(), submit
@@ -297,9 +307,13 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     assert env["name"] == result.project.name
     assert env["channels"][0] == "conda-forge"
     assert f"python={answers['python_version']}" in env["dependencies"]
-    pip_part = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    match = re.fullmatch(r"--editable \.\[([\w,]+)\]", pip_part[0])
-    assert match, pip_part
+    # No pip part: `make install` adds torch from the preset's wheel index, then the project.
+    assert not [d for d in env["dependencies"] if isinstance(d, dict)]
+    install = run(["make", "-n", "install"], result.project).stdout
+    variant = PRESETS[answers["cluster"]]["torch_variant"]
+    torch = install.index(f"--index-url https://download.pytorch.org/whl/{variant}")
+    match = re.search(r"pip install -e '\.\[([\w,]+)\]'", install)
+    assert match and torch < match.start(), install
     extras = set(match[1].split(","))
     assert extras <= set(pyproject(result.project)["project"]["optional-dependencies"])
     assert ("tensorboard" in extras) == (answers["tracking"] == "tensorboard")
@@ -497,12 +511,13 @@ def test_project_suite_passes_for_apptainer_on_generic(
     """The generated suite on the bake farthest from the default (test_generated_suite.py).
 
     Environment and preset change the job scripts, configs and Makefile the suite reads;
-    the Python package is the same for every choice, so one more bake covers the rest.
+    the Python package is the same for every choice, so one more bake covers the rest, and
+    the project's slow tests (the example tasks end to end) run on the default bake only.
     """
     result = baked("apptainer-generic", template, tmp_path_factory)
     env = {"PYTHONPATH": str(result.project / "src")}
     done = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"],
         result.project,
         env,
         timeout=600,

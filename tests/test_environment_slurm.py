@@ -71,7 +71,7 @@ def test_make_container_builds_the_image_in_a_job(
     assert done.returncode == 0, done.stdout + done.stderr
     job = re.search(r"Submitted batch job (\d+)", done.stdout)
     assert job, done.stdout
-    cluster.wait(job[1], timeout=120)
+    cluster.wait(job[1])
     log = project / "logs" / f"{slug}-build-{job[1]}.out"
     assert cluster.job(job[1]).get("JobState") == "COMPLETED", log.read_text()
     assert f"built container/{slug}.sif" in log.read_text()

@@ -20,7 +20,7 @@ PRESET_KEYS = {
     "login_host",
     "batch_partition",
     "interactive_partition",
-    "gpu_type",
+    "gpu_type_required",
     "gpu_request",
     "interactive_gpu_request",
     "modules",
@@ -31,7 +31,9 @@ PRESET_KEYS = {
     "default_cpus_per_gpu",
     "partitions",
     "internet_constraint",
+    "torch_variant",
 }
+PARTITION_KEYS = {"gpu_type", "gpus_per_node", "cpus_per_node", "gpu_memory", "max_time"}
 REQUIRED = {
     "project_name",
     "project_slug",
@@ -108,8 +110,11 @@ def test_preset_is_complete_and_consistent(name: str) -> None:
     assert preset["batch_partition"] in partitions
     assert preset["interactive_partition"] in partitions
     for limits in partitions.values():
+        assert set(limits) == PARTITION_KEYS
         assert rules.parse_time(limits["max_time"]) is not None
         assert limits["gpus_per_node"] >= 1
+        assert limits["cpus_per_node"] >= limits["gpus_per_node"]
+        assert limits["gpu_type"] or not preset["gpu_type_required"]
         assert rules.parse_time(preset["default_time"]) <= rules.parse_time(limits["max_time"])
     assert "{count}" in preset["gpu_request"]
-    assert preset["gpu_type"] or "{type}" not in preset["gpu_request"]
+    assert rules.check("memory", preset["default_memory"], {}, {}) == ""

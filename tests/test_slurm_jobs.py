@@ -69,6 +69,9 @@ def test_train_job_completes_with_documented_outputs(project: JobProject) -> Non
     assert info["Requeue"] == "1"
     assert "training step ended with exit code 0" in log
     assert "via single, device cpu" in log  # the CPU fallback behind a fake GPU
+    assert "LOCAL_TMPDIR is unset or not a directory" in log  # staging falls back, visibly
+    assert re.search(r"efficiency: segment 0 of job \d+: elapsed \d+h\d+m\d+s, 1 GPU", log)
+    assert "no accounting records" in log  # this cluster keeps none; sites with sacct do
     run = project.path / "runs" / job  # run name = job id
     assert (run / "config.toml").is_file()
     assert project.checkpoints(job)
@@ -77,6 +80,9 @@ def test_train_job_completes_with_documented_outputs(project: JobProject) -> Non
     assert summary["status"] == "finished"
     assert summary["step"] == summary["total_steps"] > 0
     assert list((project.path / "reports" / "figures" / job).glob("*.png"))
+    (origin,) = [json.loads(ln) for ln in (run / "provenance.jsonl").read_text().splitlines()]
+    assert origin["slurm"]["SLURM_JOB_ID"] == job
+    assert origin["raw_manifest_sha256"] and origin["versions"]["torch"]
 
 
 def test_cpu_only_command_from_the_header_runs_without_a_gpu(project: JobProject) -> None:
@@ -204,7 +210,7 @@ def test_sweep_task_requeues_itself_alone(project: JobProject, tmp_path: Path) -
         SWEEP_FILE=str(params),
         **SLOW,
     )
-    project.wait_for("task 1 checkpoint", lambda: project.checkpoints(f"{job}_1"), 90)
+    project.wait_for("task 1 checkpoint", lambda: project.checkpoints(f"{job}_1"))
     project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_1")
     project.finished(job)
     logs = [project.log(f"{project.slug}-sweep-{job}_{task}") for task in (0, 1)]
@@ -242,9 +248,9 @@ def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     assert (summary["status"], summary["step"]) == ("finished", 33)
 
 
-def _wait_resumed(project: JobProject, name: str, timeout: float = 120) -> float:
+def _wait_resumed(project: JobProject, name: str) -> float:
     start = time.monotonic()
-    project.wait_for("resume", lambda: resumed_step(project.log(name)) is not None, timeout)
+    project.wait_for("resume", lambda: resumed_step(project.log(name)) is not None)
     return time.monotonic() - start
 
 
@@ -253,7 +259,7 @@ def test_usr1_checkpoints_requeues_and_resumes_identically(
 ) -> None:
     job = project.sbatch("slurm/train.sbatch", *SIGNAL_RUN, "run.name=usr1", **SLOW)
     name = f"{project.slug}-{job}"
-    project.wait_for("first checkpoint", lambda: project.checkpoints("usr1"), 60)
+    project.wait_for("first checkpoint", lambda: project.checkpoints("usr1"))
     signalled = time.monotonic()
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
     round_trip = _wait_resumed(project, name)
@@ -275,21 +281,15 @@ def test_usr1_checkpoints_requeues_and_resumes_identically(
 def test_time_limit_signal_requeues_and_resumes_identically(
     project: JobProject, reference: dict
 ) -> None:
-    # A real limit: 2 minutes, USR1 70 s before it; slurmctld checks limits every ~30 s, so
-    # the signal arrives 20-50 s after the start, while the slowed first attempt still runs.
+    # A real limit given at submit, shorter than the header's: 3 minutes. The job reads it at
+    # start and signals itself 60 s before it, while the slowed first attempt (1 s per step,
+    # 220 s in all) still runs; the resumed attempt finishes at full speed.
     start = time.monotonic()
     job = project.sbatch(
-        "--time=00:02:00",
-        "--signal=B:USR1@70",
-        "slurm/train.sbatch",
-        *SIGNAL_RUN,
-        "run.name=timelimit",
-        **SLOW,
+        "--time=3", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=timelimit", PROBE_STEP_DELAY="1"
     )
     name = f"{project.slug}-{job}"
-    project.wait_for(
-        "USR1 from the time limit", lambda: "received SIGUSR1" in project.log(name), 110
-    )
+    project.wait_for("USR1 from the timer", lambda: "received SIGUSR1" in project.log(name))
     signal_after = time.monotonic() - start
     round_trip = _wait_resumed(project, name)
     info = project.finished(job)
@@ -297,16 +297,30 @@ def test_time_limit_signal_requeues_and_resumes_identically(
     print(f"\ntime-limit signal after {signal_after:.0f} s; requeue round trip {round_trip:.1f} s")
     assert info["JobState"] == "COMPLETED", log
     assert info["Restarts"] == "1"
+    assert re.search(r"time left 1[0-9]{2} s: USR1 to stop in [0-9]+ s, 60 s before", log)
     assert "restart 1," in log
     assert 0 < resumed_step(log) < 220
     assert same_weights(project.final_weights("timelimit"), reference)
+
+
+def test_limit_too_short_to_train_stops_without_requeue(project: JobProject) -> None:
+    # Two minutes leave at most 60 s before a stop signal 60 s ahead of the limit: less than
+    # the 120 s a segment needs, so the job ends at once instead of requeueing every minute.
+    job = project.sbatch("--time=2", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=tooshort")
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-{job}")
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "2:0", "0"), log
+    assert "Ask for a longer --time" in log and "Not starting and not requeueing" in log
+    assert "launch:" not in log
+    assert not (project.path / "runs" / "tooshort").exists()
+    assert "efficiency: segment 0 of job" in log  # the end-of-job summary comes anyway
 
 
 def test_retry_budget_stops_requeueing(project: JobProject) -> None:
     job = project.sbatch(
         "--export=ALL,MAX_REQUEUES=0", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=budget", **SLOW
     )
-    project.wait_for("first checkpoint", lambda: project.checkpoints("budget"), 60)
+    project.wait_for("first checkpoint", lambda: project.checkpoints("budget"))
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
     info = project.finished(job)
     log = project.log(f"{project.slug}-{job}")
@@ -325,7 +339,7 @@ def test_chain_segment_stopped_by_signal_hands_over_to_the_next(project: JobProj
     )
     assert res.returncode == 0, res.stderr
     first, second = res.stdout.split()
-    project.wait_for("first checkpoint", lambda: project.checkpoints("handover"), 60)
+    project.wait_for("first checkpoint", lambda: project.checkpoints("handover"))
     project.cluster.run("scancel", "--signal=USR1", "--batch", first)  # as at a time limit
     infos = [project.finished(j) for j in (first, second)]
     logs = [project.log(f"{project.slug}-{j}") for j in (first, second)]
@@ -345,16 +359,16 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     slow = {"PROBE_STEP_DELAY": "0.1"}
     env = project.env(**slow)
     job = project.sbatch("slurm/train.sbatch", "run.name=monitored", "run.figures=false", **slow)
-    project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING", 60)
+    project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING")
     env["PATH"] = f"{fake.parent}:{env['PATH']}"
-    res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
+    res = project.run("slurm/monitor.sh", job, env=env)
     assert res.returncode == 0, res.stderr
     assert f"in job {job}" in res.stdout
     env["PATH"] = env["PATH"].split(":", 1)[1]
-    res = project.run("slurm/monitor.sh", job, env=env, timeout=60)
+    res = project.run("slurm/monitor.sh", job, env=env)
     assert "neither nvitop nor nvidia-smi" in res.stdout
-    project.wait_for("a checkpoint", lambda: project.checkpoints("monitored"), 60)
-    res = project.run("slurm/monitor.sh", "log", job, timeout=60)
+    project.wait_for("a checkpoint", lambda: project.checkpoints("monitored"))
+    res = project.run("slurm/monitor.sh", "log", job)
     assert res.returncode == 0 and "launch:" in res.stdout
     res = project.run("slurm/monitor.sh", "summary", "monitored")
     assert res.returncode == 0 and "no summary yet" in res.stdout and "samples_per_s" in res.stdout
@@ -367,6 +381,10 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["status"] == "stopped"
+    res = project.run("slurm/monitor.sh", "efficiency", job)
+    assert res.returncode == 0, res.stderr
+    assert "no accounting records" in res.stdout  # this cluster keeps none
+    assert "where the time went:" in res.stdout and f"segment 0 of job {job}" in res.stdout
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -412,3 +430,107 @@ def test_sbatch_test_only_accepts_every_script(
         res = cluster.run("sbatch", "--test-only", str(script), cwd=baked.project, check=False)
         assert res.returncode == 0, f"{script.name}: {res.stderr}"
         assert "to start at" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("partition", sorted(PRESETS["grete"]["partitions"]))
+def test_sbatch_test_only_accepts_every_grete_partition(
+    cluster: LocalSlurm, template: Path, tmp_path: Path, partition: str
+) -> None:
+    baked = bake("cookiecutter", template, tmp_path, {"partition": partition})
+    assert baked.ok, baked.stderr
+    gpu_type = PRESETS["grete"]["partitions"][partition]["gpu_type"]
+    header = (baked.project / "slurm/train.sbatch").read_text()
+    assert f"#SBATCH --gpus-per-node={gpu_type}:1" in header
+    for script in ("slurm/train.sbatch", "slurm/sweep.sbatch"):
+        res = cluster.run("sbatch", "--test-only", script, cwd=baked.project, check=False)
+        assert res.returncode == 0 and "to start at" in res.stderr, f"{script}: {res.stderr}"
+
+
+def test_concurrent_two_rank_array_tasks_on_one_node_do_not_collide(
+    cluster: LocalSlurm, template: Path, tmp_path: Path
+) -> None:
+    # The failing case: task 1 (job id N) and task 0 (id N+1) of one array, two ranks each,
+    # running at once on one node. With ports from job id + task id both took the same port.
+    baked = bake("cookiecutter", template, tmp_path, {"gpus_per_node": "2"})
+    assert baked.ok, baked.stderr
+    make_venv(baked.project)
+    proj = JobProject(baked.project, cluster)
+    proj.cli("prepare")
+    params = tmp_path / "two.txt"
+    params.write_text("train.lr=0.002\ntrain.lr=0.004\n")
+    job = proj.sbatch(
+        "--array=0-1",
+        "slurm/sweep.sbatch",
+        "train.epochs=1",
+        "run.figures=false",
+        "dist.timeout_minutes=3",
+        SWEEP_FILE=str(params),
+        PROBE_STEP_DELAY="0.2",
+    )
+    proj.finished(job)
+    infos = [cluster.job(f"{job}_{task}") for task in (0, 1)]
+    logs = [proj.log(f"{proj.slug}-sweep-{job}_{task}") for task in (0, 1)]
+    assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], logs
+    ids = [int(i["JobId"]) for i in infos]
+    assert sorted(ids) == [int(job), int(job) + 1]  # consecutive
+    # The failing case is the one exercised: the old rule (job id + task id) gave both tasks
+    # the same port.
+    assert ids[0] + 0 == ids[1] + 1
+    first, second = sorted(infos, key=lambda i: i["StartTime"])
+    assert second["StartTime"] < first["EndTime"], "the tasks did not overlap"
+    for log in logs:
+        assert "2 process(es) via slurm" in log
+
+
+def test_make_submit_refuses_a_dirty_tree_unless_told(project: JobProject) -> None:
+    args = "ARGS=train.epochs=1 run.name=dirty run.figures=false"
+    notes = project.path / "notes.txt"
+    notes.write_text("an uncommitted change\n")
+    try:
+        refused = project.run("make", "submit", args)
+        assert refused.returncode != 0
+        assert "uncommitted changes" in refused.stderr and "notes.txt" in refused.stderr
+        assert "Submitted" not in refused.stdout
+        forced = project.run("make", "submit", "ALLOW_DIRTY=1", args)
+        assert forced.returncode == 0, forced.stderr
+        job = re.search(r"Submitted batch job (\d+)", forced.stdout)[1]
+        info = project.finished(job)  # the tree is still dirty when the job starts
+    finally:
+        notes.unlink()
+    assert info["JobState"] == "COMPLETED", project.log(f"{project.slug}-{job}")
+    text = (project.path / "runs" / "dirty" / "provenance.jsonl").read_text()
+    (origin,) = [json.loads(line) for line in text.splitlines()]
+    assert origin["dirty"] is True and len(origin["commit"]) == 40
+
+
+def test_preempted_job_checkpoints_requeues_and_resumes_identically(
+    project: JobProject, reference: dict
+) -> None:
+    # grete:preemptible on the local cluster: PreemptMode=REQUEUE, GraceTime=30. A job on a
+    # higher partition that needs the whole node preempts the training: its ranks get
+    # SIGTERM (the batch shell does not), checkpoint and exit with EXIT_REQUEUE; the script
+    # requeues, and the next start resumes to the same weights as an undisturbed run.
+    job = project.sbatch(
+        "--partition=grete:preemptible", "slurm/train.sbatch", *SIGNAL_RUN,
+        "run.name=preempted", **SLOW,
+    )  # fmt: skip
+    name = f"{project.slug}-{job}"
+    project.wait_for("first checkpoint", lambda: project.checkpoints("preempted"))
+    urgent = project.sbatch(
+        "--partition=grete:shared", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1"
+    )
+    project.wait_for("the resume", lambda: resumed_step(project.log(name)) is not None)
+    info = project.finished(job)
+    log = project.log(name)
+    assert project.finished(urgent)["JobState"] == "COMPLETED"
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log
+    assert "stop signal (SIGTERM)" in log and f"requeueing {job}" in log
+    assert 0 < resumed_step(log) < 220
+    assert same_weights(project.final_weights("preempted"), reference)
+
+
+def test_doctor_lists_the_gpu_types_the_cluster_offers_now(project: JobProject) -> None:
+    # MIG slice names change over time: doctor shows what `sinfo` reports today.
+    res = project.cli("doctor", "--quick")
+    assert "GPU types per partition now (sinfo -o '%P %G')" in res.stdout
+    assert re.search(r"grete:interactive .*1g\.20gb", res.stdout), res.stdout

@@ -8,6 +8,7 @@ rank 0 on node1, rank 1 on node2.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def test_two_node_job_requeues_and_resumes_identically(
         **HANG,
     )
     name = f"{project.slug}-{job}"
-    project.wait_for("first checkpoint", lambda: project.checkpoints("ddp-requeue"), 60)
+    project.wait_for("first checkpoint", lambda: project.checkpoints("ddp-requeue"))
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
     info = project.finished(job)
     log = project.log(name)
@@ -142,6 +143,30 @@ def test_two_node_job_requeues_and_resumes_identically(
     assert log.count("stop signal (") == 1  # rank 0 reports the agreed stop
     assert 0 < resumed_step(log) < 33
     assert same_weights(project.final_weights("ddp-requeue"), project.final_weights("ddp"))
+
+
+def test_a_dead_rank_ends_the_job_on_every_node_within_a_minute(project: JobProject) -> None:
+    # Rank 1 (node2) dies mid-training; rank 0 (node1) then waits in an all-reduce that never
+    # completes. With a 10-minute distributed timeout, only the launcher's fail-fast (srun
+    # --wait=30) can end the job before the generous deadline below.
+    job = project.sbatch(
+        "slurm/train.sbatch",
+        "train.epochs=3",
+        "run.figures=false",
+        "dist.timeout_minutes=10",
+        "run.name=ddp-dead",
+        PROBE_DIE="1:5",
+    )
+    name = f"{project.slug}-{job}"
+    project.wait_for("the rank's death", lambda: "probe: rank 1 dies" in project.log(name))
+    died = time.monotonic()
+    info = project.finished(job, 420)  # well below the 10-minute timeout
+    ended_after = time.monotonic() - died
+    log = project.log(name)
+    print(f"\njob ended {ended_after:.0f} s after rank 1 died")
+    assert (info["JobState"], info["Restarts"]) == ("FAILED", "0"), log
+    assert info["ExitCode"] != "0:0"
+    assert "requeueing" not in log
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import math
 import re
 import subprocess
 import tomllib
@@ -99,7 +98,10 @@ def test_sbatch_headers_are_literal_and_match_the_answers(baked) -> None:
     assert options["--ntasks-per-node"] == answers.get("gpus_per_node", "1")
     assert ("--account" in options) == bool(answers.get("account"))
     assert ("--mail-user" in options) == bool(answers.get("mail"))
-    assert {"--requeue", "--open-mode", "--signal"} <= options.keys()
+    assert {"--requeue", "--open-mode"} <= options.keys()
+    # The stop signal follows the job's actual limit (schedule_stop in common.sh), not a
+    # lead fixed here that a shorter --time at submit would turn into a requeue loop.
+    assert "--signal" not in options
     assert options["--output"] == "logs/%x-%j.out"
     # The sweep asks for the same resources; only its name, array and log name differ.
     differ = ("--job-name", "--array", "--output")
@@ -125,18 +127,87 @@ TIME_LIMITS = ["5", "30:00", "90", "2:00:00", "12:00:00", "1-00", "1-6:30", "2-0
 
 @pytest.mark.parametrize("time_limit", TIME_LIMITS)
 def test_time_limit_derived_values(template: Path, tmp_path: Path, time_limit: str) -> None:
-    """Grace before the limit and the snakemake runtime follow the hook's own time parser."""
-    answers = {"time_limit": time_limit, "snakemake": "yes"}
+    """The header keeps the limit as answered (the stop signal is timed in the job)."""
+    result = bake("cookiecutter", template, tmp_path, {"time_limit": time_limit})
+    assert result.ok, result.stderr
+    assert _rules().parse_time(time_limit)
+    for name in ("train.sbatch", "sweep.sbatch"):
+        assert f"#SBATCH --time={time_limit}" in sbatch_header(result.project / "slurm" / name)
+
+
+def _common_sh(project: Path, code: str) -> list[str]:
+    """Lines printed by `code` run after sourcing the generated slurm/common.sh."""
+    res = subprocess.run(
+        ["bash", "-c", f"source slurm/common.sh; trap - EXIT; {code}"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
+
+
+# squeue's time left (%L) -> seconds; the words Slurm prints for no limit give none.
+SQUEUE_TIMES = {"0:59": 59, "2:00": 120, "1:02:03": 3723, "1-00:00:00": 86400, "2-3:04:05": 183845}
+
+
+def test_time_left_is_read_as_squeue_prints_it(default_bake) -> None:
+    words = " ".join(SQUEUE_TIMES)
+    out = _common_sh(default_bake.project, f"for t in {words}; do seconds_of $t; done")
+    assert [int(v) for v in out] == list(SQUEUE_TIMES.values())
+    for word in ("UNLIMITED", "NOT_SET", "INVALID", ""):
+        assert _common_sh(default_bake.project, f"seconds_of '{word}' || echo none") == ["none"]
+
+
+def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
+    project = default_bake.project
+    spec = importlib.util.spec_from_file_location(
+        "dist", project / "src" / project.name / "distributed.py"
+    )
+    assert spec and spec.loader
+    dist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dist)
+    cases = [(8, 0), (9, 0), (1234567, 3), (4001, 7)]
+    for job, restart in cases:
+        env = f"SLURM_JOB_ID={job} SLURM_RESTART_COUNT={restart}"
+        srun, torchrun = _common_sh(
+            project, f"{env} rendezvous_port srun; {env} rendezvous_port torchrun"
+        )
+        assert int(srun) == dist.rendezvous_port(job, restart)
+        assert int(torchrun) not in {dist.rendezvous_port(job, r) for r in range(5)}
+
+
+GRETE = tomllib.loads((ROOT / "presets" / "grete.toml").read_text())["partitions"]
+
+
+@pytest.mark.parametrize(
+    ("answers", "request_line", "mem"),
+    [
+        *[
+            ({"partition": name}, f"--gpus-per-node={spec['gpu_type']}:1", "64G")
+            for name, spec in GRETE.items()
+        ],
+        ({"partition": "kisski-h100,grete-h100"}, "--gpus-per-node=H100:1", "64G"),
+        ({"partition": "scc-gpu", "gpu_type": "V100"}, "--gpus-per-node=V100:1", "64G"),
+        ({"partition": "grete", "gpus_per_node": "4"}, "--gpus-per-node=A100:4", "256G"),
+        ({"memory": "500M/gpu", "gpus_per_node": "2"}, "--gpus-per-node=A100:2", "1000M"),
+        ({"memory": "100G"}, "--gpus-per-node=A100:1", "100G"),
+        ({"cluster": "generic"}, "--gres=gpu:1", "32G"),
+        ({"cluster": "generic", "gpu_type": "a100"}, "--gres=gpu:a100:1", "32G"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "-".join(v.values()),
+)
+def test_gpu_request_and_memory_follow_partition_and_answers(
+    template: Path, tmp_path: Path, answers: dict[str, str], request_line: str, mem: str
+) -> None:
     result = bake("cookiecutter", template, tmp_path, answers)
     assert result.ok, result.stderr
-    seconds = _rules().parse_time(time_limit)
-    grace = min(300, max(60, seconds // 10))
     for name in ("train.sbatch", "sweep.sbatch"):
         header = sbatch_header(result.project / "slurm" / name)
-        assert f"#SBATCH --signal=B:USR1@{grace}" in header
-        assert f"#SBATCH --time={time_limit}" in header
-    profile = (result.project / "workflow/profiles/slurm/config.yaml").read_text()
-    assert re.search(rf"^\s+runtime: {math.ceil(seconds / 60)}\b", profile, re.MULTILINE)
+        assert f"#SBATCH {request_line}" in header
+        assert f"#SBATCH --mem={mem}" in header
 
 
 def test_requeue_exit_code_matches_the_trainer(baked) -> None:
@@ -155,7 +226,8 @@ def test_values_in_shell_code_are_quoted(baked) -> None:
     text = (project / "slurm" / "interactive.sh").read_text()
     assert f"--partition='{preset['interactive_partition']}'" in text
     assert f"    '{preset['interactive_gpu_request']}'" in text
-    assert f"--mem='{answers.get('memory', preset['default_memory'])}'" in text
+    memory = answers.get("memory", preset["default_memory"]).removesuffix("/gpu")
+    assert f"--mem='{memory}'" in text  # one GPU: per node and per GPU agree
     if answers.get("account"):
         assert f"--account='{answers['account']}'" in text
     common = (project / "slurm" / "common.sh").read_text()

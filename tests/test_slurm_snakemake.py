@@ -1,7 +1,7 @@
-"""The generated snakemake workflow: real snakemake plans it, runs it locally, reads the profile.
+"""The generated snakemake workflow: real snakemake plans it and runs it, here and on Slurm.
 
-The Slurm profile is checked by snakemake itself with the Slurm executor plugin loaded (a dry
-run prints each rule's resources); submitting through the plugin is not part of these tests.
+On the cluster the train step is slurm/train.sbatch submitted with `sbatch --wait`: these
+tests run it on a real local Slurm, including a stop signal and requeue in the middle.
 """
 
 from __future__ import annotations
@@ -11,32 +11,41 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from engines import bake
-from slurm.project import make_venv
+from slurm.localslurm import LocalSlurm, temporary_cluster
+from slurm.project import JobProject, make_venv, require_slurm, resumed_step
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("snakemake") is None
-    or importlib.util.find_spec("snakemake_executor_plugin_slurm") is None,
-    reason="snakemake + snakemake-executor-plugin-slurm missing (see requirements-test.txt)",
+    importlib.util.find_spec("snakemake") is None,
+    reason="snakemake missing (see requirements-test.txt)",
 )
 
 
-def snakemake(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m snakemake ARGS` in the project with its venv active (PATH first)."""
+def snakemake_env(project: Path, **extra: str) -> dict[str, str]:
+    """The project's venv first on PATH; no Slurm job variables of an outer job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
     env.update(PATH=f"{project / '.venv' / 'bin'}:{env['PATH']}", OMP_NUM_THREADS="1")
     env["PYTHONWARNINGS"] = "ignore"
+    return {**env, **extra}
+
+
+def snakemake_argv(project: Path, *args: str) -> list[str]:
+    return [str(project / ".venv" / "bin" / "python"), "-m", "snakemake", *args]
+
+
+def snakemake(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m snakemake ARGS` in the project with its venv active (PATH first)."""
     return subprocess.run(
-        [str(project / ".venv" / "bin" / "python"), "-m", "snakemake", *args],
+        snakemake_argv(project, *args),
         cwd=project,
-        env=env,
+        env=snakemake_env(project, **env),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
         check=False,
     )
 
@@ -61,39 +70,6 @@ def test_dry_run_plans_prepare_train_evaluate(project: Path) -> None:
     assert plan(res.stdout) == {"prepare": 1, "train": 1, "evaluate": 1, "all": 1}
 
 
-def test_slurm_profile_gives_train_the_preset_resources(project: Path) -> None:
-    profile = yaml.safe_load((project / "workflow/profiles/slurm/config.yaml").read_text())
-    assert profile["executor"] == "slurm"
-    res = snakemake(project, "-n", "--workflow-profile", "workflow/profiles/slurm")
-    assert res.returncode == 0, res.stderr + res.stdout
-    train = res.stdout.split("rule train:")[1].split("\n\n")[0]
-    resources = dict(re.findall(r"(\w+)=([^,\s]+)", train.split("resources:")[1]))
-    # Default answers + grete preset: 12:00:00, 64G, 8 CPUs per GPU, one A100 on grete:shared.
-    assert resources["slurm_partition"] == "grete:shared"
-    assert resources["runtime"] == "720"
-    assert resources["mem_mb"] == "65536"
-    assert resources["cpus_per_task"] == "8"
-    assert (resources["gpu"], resources["gpu_model"]) == ("1", "A100")
-
-
-def test_profile_converts_other_answers(template: Path, tmp_path: Path) -> None:
-    answers = {
-        "snakemake": "yes",
-        "cluster": "generic",
-        "time_limit": "1-00:30",
-        "memory": "1500M",
-        "account": "proj01",
-    }
-    baked = bake("cookiecutter", template, tmp_path, answers)
-    assert baked.ok, baked.stderr
-    profile = yaml.safe_load((baked.project / "workflow/profiles/slurm/config.yaml").read_text())
-    assert profile["default-resources"]["slurm_account"] == "proj01"
-    assert "slurm-no-account" not in profile
-    train = profile["set-resources"]["train"]
-    assert (train["runtime"], train["mem_mb"], train["gpu"]) == (1470, 1500, 1)
-    assert "gpu_model" not in train  # the generic preset has no GPU type
-
-
 def test_no_workflow_files_without_snakemake(template: Path, tmp_path: Path) -> None:
     baked = bake("cookiecutter", template, tmp_path, {"snakemake": "no"})
     assert baked.ok, baked.stderr
@@ -103,12 +79,52 @@ def test_no_workflow_files_without_snakemake(template: Path, tmp_path: Path) -> 
 
 def test_local_run_produces_the_outputs(project: Path) -> None:
     runs = json.dumps({"main": "train.epochs=2 run.figures=false"})
-    res = snakemake(project, "--cores", "2", "--config", f"runs={runs}")
+    res = snakemake(project, "--cores", "2", "--config", f"runs={runs}", "submit=false")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert (project / "data/processed/digits.pt").is_file()
+    assert (project / "data/processed/digits/SHA256SUMS").is_file()
     summary = json.loads((project / "runs/main/summary.json").read_text())
     assert summary["status"] == "finished"
     evaluation = json.loads((project / "runs/main/evaluation.json").read_text())
     assert evaluation["run"] == "main" and evaluation["samples"] > 0
-    again = snakemake(project, "-n", "--config", f"runs={runs}")
+    again = snakemake(project, "-n", "--config", f"runs={runs}", "submit=false")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalSlurm]:
+    require_slurm()
+    with temporary_cluster("slurm-snake-") as instance:
+        yield instance
+
+
+def test_train_step_is_a_slurm_job_that_requeues_until_done(
+    project: Path, cluster: LocalSlurm
+) -> None:
+    # Training on the cluster: `sbatch --wait slurm/train.sbatch`. A stop signal midway makes
+    # the job checkpoint and requeue itself; snakemake waits through it (no retry count
+    # caps the segments) and evaluates the finished run.
+    proj = JobProject(project, cluster)
+    runs = json.dumps({"viaslurm": "train.epochs=20 run.figures=false"})
+    env = snakemake_env(project, **{**proj.env(), "PROBE_STEP_DELAY": "0.5"})
+    env["PATH"] = f"{project / '.venv' / 'bin'}:{env['PATH']}"
+    with subprocess.Popen(
+        snakemake_argv(project, "--cores", "2", "--config", f"runs={runs}"),
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as run:
+        proj.wait_for("a checkpoint", lambda: proj.checkpoints("viaslurm"))
+        (log,) = (project / "logs").glob(f"{proj.slug}-*.out")
+        job = log.stem.rsplit("-", 1)[1]
+        cluster.run("scancel", "--signal=USR1", "--batch", job)
+        output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output[-3000:]
+    info = proj.finished(job)
+    text = log.read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), text
+    assert f"requeueing {job}" in text and 0 < resumed_step(text) < 220
+    summary = json.loads((project / "runs/viaslurm/summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("finished", 220)
+    assert json.loads((project / "runs/viaslurm/evaluation.json").read_text())["run"] == "viaslurm"

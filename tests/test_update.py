@@ -26,7 +26,7 @@ from types import ModuleType
 import pytest
 import yaml
 from conftest import ROOT, git, snapshot_template
-from engines import BIN, Bake, bake
+from engines import BIN, Bake, bake, rules
 from pathspec import PathSpec
 from sync_questions import copier_skip_patterns
 from test_docs_tutorial import missing_lines
@@ -418,3 +418,36 @@ def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
     git(template, "tag", "-d", "v99.0.0")
     git(template, "tag", f"v{version}")
     assert f"release: v{version} is tagged already" in release()
+
+
+def _preset_release(template: Path) -> str:
+    """Make a release that changes a preset (and the fingerprint `make sync` writes)."""
+    cc_json = template / "cookiecutter.json"
+    cc = json.loads(cc_json.read_text("utf-8"))
+    cc["_presets"]["grete"]["login_host"] = "glogin-new.hpc.gwdg.de"
+    cc_json.write_text(json.dumps(cc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    hook = template / "hooks" / "pre_gen_project.py"
+    fresh = f'PRESETS_SHA256 = "{rules.presets_fingerprint(cc["_presets"])}"'
+    hook.write_text(re.sub(r'PRESETS_SHA256 = "[0-9a-f]+"', fresh, hook.read_text("utf-8")))
+    git(template, "add", "-A")
+    git(template, "commit", "-q", "-m", "release 0.2.0: a preset changed")
+    git(template, "tag", "v0.2.0")
+    return "glogin-new.hpc.gwdg.de"
+
+
+def test_cruft_update_takes_changed_presets(tmp_path: Path) -> None:
+    """cruft update recomputes private values (it never passes the stored ones back)."""
+    template = snapshot_template(tmp_path / "template", tag="v0.1.0")
+    create = [str(BIN / "cruft"), "create", "--no-input", "--checkout", "v0.1.0", str(template)]
+    assert _run(create, tmp_path).returncode == 0
+    project = tmp_path / "my_hpc_project"
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "generated")
+    host = _preset_release(template)
+
+    update = [str(BIN / "cruft"), "update", "-y", "--checkout", "v0.2.0"]
+    updated = _run(update, project)
+    assert updated.returncode == 0, updated.stderr[-2000:] + updated.stdout[-2000:]
+    # docs/ssh_config.example is the template's (README.md is the project's own now)
+    assert host in (project / "docs" / "ssh_config.example").read_text("utf-8")

@@ -44,8 +44,12 @@ SAMPLES: list[tuple[str, str, dict[str, str]]] = [
     ("gpus_per_node", "9", {}),
     ("gpus_per_node", "5", {"partition": "grete"}),
     ("gpus_per_node", "9", {"cluster": "generic"}),
+    ("gpu_type", "", {"partition": "scc-gpu"}),
+    ("gpu_type", "", {"partition": "grete,grete-h100"}),
     ("cpus_per_gpu", "0", {}),
+    ("cpus_per_gpu", "100", {}),
     ("memory", "64GB", {}),
+    ("memory", "64", {}),
     ("time_limit", "1-24:00:00", {}),
     ("time_limit", "0:30", {}),
     ("time_limit", "3-00:00:00", {}),
@@ -149,7 +153,7 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         ("login_host", "login node (`ssh` target)"),
         ("batch_partition", "default partition of training jobs"),
         ("interactive_partition", "partition of `slurm/interactive.sh`"),
-        ("gpu_type", "GPU type put into the request (a partition may name its own)"),
+        ("gpu_type_required", "every partition needs a known GPU type (or a `gpu_type` answer)"),
         ("gpu_request", "how a job asks for GPUs (`{type}`, `{count}` filled in)"),
         ("interactive_gpu_request", "GPU request of interactive jobs"),
         ("modules", "modules loaded before Python runs"),
@@ -159,6 +163,7 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         ("default_memory", "default `memory`"),
         ("default_cpus_per_gpu", "default `cpus_per_gpu`"),
         ("internet_constraint", "Slurm constraint (`-C`) that gives a job internet access"),
+        ("torch_variant", "CUDA build of torch `make install` takes from PyTorch's wheel index"),
     ]
     out += ["| key | value | meaning |", "| --- | --- | --- |"]
     # Keys this page has no words for yet still appear, so a new preset key is never hidden.
@@ -171,11 +176,16 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         else:
             shown = _code(str(value))
         out.append(f"| `{key}` | {_cell(shown)} | {meaning} |")
-    out += ["", "| partition | max time | GPUs per node | GPU type |", "| --- | --- | --- | --- |"]
+    out += [
+        "",
+        "| partition | max time | GPU type | GPUs per node | cores per node | GPU memory |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for part, limits in preset.get("partitions", {}).items():
-        # A partition's own gpu_type wins over the preset's.
-        gpu = _code(str(limits.get("gpu_type", preset.get("gpu_type", ""))))
-        out.append(f"| `{part}` | `{limits['max_time']}` | {limits['gpus_per_node']} | {gpu} |")
+        out.append(
+            f"| `{part}` | `{limits['max_time']}` | {_code(str(limits['gpu_type']))} | "
+            f"{limits['gpus_per_node']} | {limits['cpus_per_node']} | {limits['gpu_memory']} |"
+        )
     return "\n".join(out)
 
 

@@ -48,6 +48,15 @@ def copier_skip_patterns(owned: list[str]) -> list[str]:
     return [f"/{pattern}" for pattern in owned]
 
 
+# Derived values whose cookiecutter expression has no copier twin: cookiecutter's `now` tag
+# becomes a function of the template's Jinja extension (hooks/pre_gen_project.py).
+COPIER_DERIVED = {"__year": "hpc_year()"}
+# The answers hooks/post_gen_project.py reads (passed to it as a copier task).
+POST_GEN_KEYS = (
+    "project_name", "author_name", "author_email", "environment", "example", "cluster", "git_init",
+)  # fmt: skip
+
+
 def load_rules() -> Any:
     """Import the hook file as a module (it is plain Python apart from its main block)."""
     spec = importlib.util.spec_from_file_location("answer_rules", ROOT / "hooks/pre_gen_project.py")
@@ -75,6 +84,11 @@ def _copier_default(value: str) -> str:
     """Translate a cookiecutter default expression into copier's namespace."""
     value = value.replace("cookiecutter._presets", "presets")
     return re.sub(r"cookiecutter\.", "", value)
+
+
+def _derived_expression(name: str, raw: str) -> str:
+    """The copier expression of a derived value: the inside of its ``{{ ... }}``."""
+    return COPIER_DERIVED.get(name) or _copier_default(raw).strip()[2:-2].strip()
 
 
 def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
@@ -105,7 +119,8 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
                 "command": [
                     "{{ _copier_python }}",
                     "{{ _copier_conf.src_path }}/hooks/post_gen_project.py",
-                    "{{ cookiecutter | tojson }}",
+                    # Only what the script reads: copier prints the command it runs.
+                    "{{ {" + ", ".join(f"'{k}': {k}" for k in POST_GEN_KEYS) + "} | tojson }}",
                 ],
                 "when": "{{ _copier_operation == 'copy' }}",
             }
@@ -134,7 +149,7 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
     derived = [k for k in cookiecutter if k.startswith("__") and k not in NOT_DERIVED]
     mapping = ", ".join(
         [f"'{n}': {n}" for n in questions]
-        + [f"'{n}': ({_copier_default(cookiecutter[n]).strip()[2:-2].strip()})" for n in derived]
+        + [f"'{n}': ({_derived_expression(n, cookiecutter[n])})" for n in derived]
         + [f"'{n}': {json.dumps(cookiecutter[n])}" for n in LITERALS]
     )
     body["cookiecutter"] = {

@@ -162,7 +162,13 @@ class LocalSlurm:
         """Run a client command (sbatch, squeue, ...) against this instance."""
         kw.setdefault("env", self.env)
         return subprocess.run(
-            list(args), check=check, capture_output=True, text=True, timeout=120, **kw
+            # Generous: squeue once took over 120 s on a 2-core machine at load 8.
+            list(args),
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            **kw,
         )
 
     # ------------------------------------------------------------------ config
@@ -204,9 +210,18 @@ class LocalSlurm:
             f"{' Features=' + ','.join(self.features) if self.features else ''} State=UNKNOWN"
             for name in self.nodes
         ]
+        # Preemptible partitions (by name, e.g. grete:preemptible) rank below the others: a
+        # job elsewhere that needs their resources preempts their jobs, which get SIGTERM,
+        # GraceTime seconds to checkpoint, and are requeued, as on a cluster with
+        # PreemptMode=REQUEUE.
         part_lines = [
             f"PartitionName={name} Nodes=ALL Default={'YES' if i == 0 else 'NO'}"
             f" MaxTime={max_time} State=UP"
+            + (
+                " PriorityTier=1 PreemptMode=REQUEUE GraceTime=30"
+                if "preemptible" in name
+                else " PriorityTier=10 PreemptMode=OFF"
+            )
             for i, (name, max_time) in enumerate(self.partitions.items())
         ]
         r = self.root
@@ -252,6 +267,8 @@ class LocalSlurm:
                     "SlurmctldTimeout=30",
                     "SlurmdTimeout=30",
                     "GresTypes=gpu",
+                    "PreemptType=preempt/partition_prio",
+                    "PreemptMode=REQUEUE",
                     *node_lines,
                     *part_lines,
                     "",
@@ -399,7 +416,7 @@ class LocalSlurm:
         """JobState of one job, '' when unknown."""
         return self.job(job_id).get("JobState", "")
 
-    def wait(self, job_id: str, timeout: float = 300) -> None:
+    def wait(self, job_id: str, timeout: float = 900) -> None:
         """Block until no task of `job_id` is pending, running or completing."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:

@@ -23,6 +23,11 @@ import pytest
 from slurm.localslurm import LocalSlurm, unavailable_reason
 
 PROBE = Path(__file__).with_name("probe.py")
+# How long a wait for a job event may take before a test fails. Every wait polls for the event
+# (a job state, a log line, a file) and returns as soon as it happens, so a generous deadline
+# costs nothing when things go well and keeps a loaded 2-core machine (load 8, observed to
+# slow jobs many times over) from failing tests that are merely slow.
+DEADLINE = 900.0
 
 
 def require_slurm() -> None:
@@ -75,7 +80,7 @@ class JobProject:
         """
         return {**self.cluster.env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
-    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = DEADLINE):
         """Run a command in the project root (e.g. a slurm/*.sh script or the venv python)."""
         return subprocess.run(
             list(args),
@@ -102,7 +107,7 @@ class JobProject:
         path = self.path / "logs" / f"{name}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def wait_for(self, what: str, check, timeout: float = 120) -> None:
+    def wait_for(self, what: str, check, timeout: float = DEADLINE) -> None:
         """Poll `check()` until true."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -111,7 +116,7 @@ class JobProject:
             time.sleep(0.2)
         raise TimeoutError(f"timed out waiting for {what}")
 
-    def finished(self, job_id: str, timeout: float = 300) -> dict[str, str]:
+    def finished(self, job_id: str, timeout: float = DEADLINE) -> dict[str, str]:
         """Wait for the job to leave the queue; return its `scontrol show job` fields."""
         self.cluster.wait(job_id, timeout)
         return self.cluster.job(job_id)

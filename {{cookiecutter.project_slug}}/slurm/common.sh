@@ -9,6 +9,8 @@
 #   LAUNCHER=srun|torchrun  how ranks start (default srun: one Slurm task per GPU; see below)
 #   MAX_REQUEUES=20         requeues allowed per job (retry budget, counted by Slurm)
 #   AUTO_REQUEUE=1          0: exit after the checkpoint instead of requeueing (chain.sh sets it)
+#   MIN_WORK_SECONDS=120    a job whose limit leaves less training time before the stop
+#                           signal ends at once with an error instead of requeueing itself
 {%- if cookiecutter.environment == 'venv' %}
 #   VENV_DIR=.venv          the virtual environment (made by `make install`)
 {%- elif cookiecutter.environment == 'conda' %}
@@ -21,9 +23,8 @@
 # requeue" (EXIT_REQUEUE in src/{{ slug }}/preemption.py; a template test keeps them equal).
 readonly EXIT_REQUEUE=3
 readonly PACKAGE={{ q(slug) }}
-{%- if cookiecutter.environment == 'apptainer' %}
+# The variable naming the node-local disk where the data is staged (data.node_tmp_var).
 readonly NODE_TMP_VAR={{ q(preset.node_tmp_var) }}
-{%- endif %}
 
 log() { printf '[%s] %s\n' "$(date '+%F %T')" "$*"; }
 die() { log "error: $*" >&2; exit 2; }
@@ -36,8 +37,12 @@ load_modules() {
         return 0
     fi
     set +u  # some sites' module scripts read unset variables
+    # A clean state: modules loaded at login (e.g. cuda) must not leak into the job, where
+    # their libraries on LD_LIBRARY_PATH can shadow the CUDA libraries of the torch wheel.
+    module purge
     module load "$@"
     set -u
+    log "modules: $*"
 }
 {%- if cookiecutter.environment == 'venv' %}
 
@@ -111,15 +116,21 @@ activate_environment() {
 {%- endif %}
 {% raw %}
 # --------------------------------------------------------------------------- stop signals
-# Slurm sends USR1 to this shell (`--signal=B:USR1@...`) before the time limit, or on
-# `scancel --signal=USR1 --batch JOB`. The trap forwards it to the job step; srun passes it
-# on to every rank. The training checkpoints at its next step boundary and exits with
-# EXIT_REQUEUE. TERM (scancel, preemption, the hard limit) reaches the ranks directly from
-# Slurm; this shell only notes it, keeps waiting for the checkpoint and does not requeue:
-# a cancelled job stays cancelled.
+# USR1 reaches this shell from the timer below (a grace time before the job's limit), from
+# `scancel --signal=USR1 --batch JOB`, or from a `--signal=B:USR1@...` given to sbatch. The
+# trap forwards it to the job step; srun passes it on to every rank. The training
+# checkpoints at its next step boundary and exits with EXIT_REQUEUE. Preemption (e.g. on
+# grete:preemptible) sends SIGTERM to the ranks only, a grace time before they are killed:
+# they checkpoint the same way, and this shell, which saw no signal itself, requeues the
+# job like after USR1 (measured on Slurm 22.05 with PreemptMode=REQUEUE: a job script that
+# ends within the grace time ends COMPLETED, not requeued, unless it requeues itself).
+# scancel and the hard time limit send TERM to this shell as well: it notes it and does not
+# requeue, so a cancelled job stays cancelled.
 STOP_SIGNAL=""
 SIGNALS_SEEN=0
 STEP_PID=""
+TIMER_PID=""
+JOB_STARTED=$SECONDS
 on_signal() {
     STOP_SIGNAL=$1
     SIGNALS_SEEN=$((SIGNALS_SEEN + 1))
@@ -130,6 +141,66 @@ on_signal() {
 }
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
+trap 'on_exit' EXIT
+
+# Seconds of a Slurm duration as squeue prints it: [D-]H:M:S, M:S or M; fails on
+# UNLIMITED, NOT_SET and other words.
+seconds_of() {
+    local text=$1 days=0 h=0 m=0 s=0 parts
+    [[ "$text" =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]] || return 1
+    if [[ "$text" == *-* ]]; then
+        days=${text%%-*}
+        text=${text#*-}
+    fi
+    IFS=: read -r -a parts <<<"$text"
+    case ${#parts[@]} in
+        3) h=${parts[0]} m=${parts[1]} s=${parts[2]} ;;
+        2) if ((days > 0)); then h=${parts[0]} m=${parts[1]}; else m=${parts[0]} s=${parts[1]}; fi ;;
+        1) if ((days > 0)); then h=${parts[0]}; else m=${parts[0]}; fi ;;
+    esac
+    echo $(((((10#$days * 24) + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
+}
+
+# Send this shell USR1 a grace time before the job's actual limit. Read at the start of every
+# segment from Slurm (squeue's time left), not fixed when the script was written: so a
+# `--time` given to sbatch, a requeued segment and a job that waited in the queue all get
+# the right moment. The grace is a tenth of the limit, at least 60 s (checkpoint, and the
+# margin Slurm's own timing needs) and at most 300 s. A limit that leaves less than
+# MIN_WORK_SECONDS of training before the signal would checkpoint almost nothing and requeue
+# over and over (GWDG asks for jobs of an hour or more): such a job stops here, with an error.
+# A limit changed with `scontrol update` after the start is not followed; the hard limit
+# still sends TERM, on which the training checkpoints too.
+schedule_stop() {
+    local left grace work minimum=${MIN_WORK_SECONDS:-120}
+    [[ -n "${SLURM_JOB_ID:-}" ]] || return 0
+    if ! left=$(seconds_of "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)"); then
+        log "no time limit found for job $SLURM_JOB_ID: no stop signal scheduled"
+        return 0
+    fi
+    grace=$((left / 10))
+    ((grace >= 60)) || grace=60
+    ((grace <= 300)) || grace=300
+    work=$((left - grace))
+    if ((work < minimum)); then
+        log "error: the time limit leaves ${left} s, and the stop signal comes ${grace} s" \
+            "before it: ${work} s of training, less than MIN_WORK_SECONDS=${minimum}." \
+            "Ask for a longer --time (at least $(((minimum + 60 + 59) / 60)) minutes; jobs of an hour" \
+            "or more are kinder to the scheduler). Not starting and not requeueing."
+        exit 2
+    fi
+    if ((left < 3600)); then
+        log "note: a limit under one hour makes many short jobs; GWDG asks for at least 1 h"
+    fi
+    log "time left ${left} s: USR1 to stop in ${work} s, ${grace} s before the limit"
+    # The timer's sleep ends with it (on_exit stops the timer when the job ends first).
+    (
+        trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+        sleep "$work" &
+        sleeper=$!
+        wait "$sleeper" && kill -s USR1 $$
+    ) &
+    TIMER_PID=$!
+}
 
 # Requeue this job (an array task by its own id), within the retry budget.
 requeue() {
@@ -146,6 +217,48 @@ requeue() {
     scontrol requeue "$ref"
 }
 
+# ---------------------------------------------------------------------- after the job
+# What this segment cost, at the end of every job (also after an error): elapsed time and
+# GPU hours of this segment, then Slurm's accounting of every segment of the job (a
+# requeued job keeps its id; `sacct --duplicates` lists each start) and `seff` where the
+# site has them. The trainer's time report (data wait, compute, checkpoint) is just above
+# in the log. `slurm/monitor.sh efficiency JOBID` prints the same after the job.
+efficiency_report() {
+    local elapsed=$((SECONDS - JOB_STARTED)) gpus=0 nodes=${SLURM_JOB_NUM_NODES:-1}
+    if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+        gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    fi
+    log "efficiency: segment ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID:-?}:" \
+        "elapsed $((elapsed / 3600))h$(((elapsed % 3600) / 60))m$((elapsed % 60))s," \
+        "$((gpus * nodes)) GPU(s), $(awk -v s="$elapsed" -v g="$((gpus * nodes))" \
+            'BEGIN { printf "%.2f", s * g / 3600 }') GPU hours"
+    accounting "${SLURM_JOB_ID:-}"
+}
+
+# Slurm's accounting of a job and all its requeued segments, when the site records it.
+accounting() {
+    local job=$1 records
+    [[ -n "$job" ]] || return 0
+    if command -v sacct >/dev/null 2>&1 \
+        && records=$(sacct -j "$job" --duplicates --allocations --parsable2 --noheader \
+            -o JobID,State,Start,Elapsed,AllocTRES,TotalCPU 2>/dev/null) && [[ -n "$records" ]]; then
+        log "efficiency: sacct, one line per segment (JobID|State|Start|Elapsed|AllocTRES|TotalCPU):"
+        printf '%s\n' "$records"
+    else
+        log "efficiency: no accounting records (sacct missing or accounting off)"
+    fi
+    if command -v seff >/dev/null 2>&1; then
+        seff "$job" 2>/dev/null | sed -n '/Efficiency\|Wall-clock\|Memory Utilized/p' || true
+    fi
+}
+
+on_exit() {
+    local rc=$?
+    [[ -z "$TIMER_PID" ]] || kill "$TIMER_PID" 2>/dev/null || true
+    efficiency_report || true
+    exit "$rc"
+}
+
 # ----------------------------------------------------------------------------- the launch
 # Default LAUNCHER=srun: one Slurm task per GPU (`--ntasks-per-node` = GPUs per node); each
 # rank reads its place from SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS and the first node
@@ -160,22 +273,25 @@ requeue() {
 # the ranks. Use it for code that expects torchrun (elastic agents, LOCAL_RANK from torchrun).
 # The agent forwards USR1 to the ranks (PET_SIGNALS_TO_HANDLE, torch >= 2.7) but reports its
 # own exit code, so there a requeue follows a forwarded USR1 instead of EXIT_REQUEUE.
-# srun runs without --kill-on-bad-exit: EXIT_REQUEUE is a non-zero exit of every rank, and
-# rank 0 may still be writing its summary when the others end. A crashed rank makes the
-# others fail at their next collective call (train: dist.timeout_minutes at the latest).
+# Fail fast: `srun --wait=30` ends the remaining tasks 30 s after the first one has ended.
+# A crashed rank leaves its peers blocked in a collective call until the distributed
+# timeout (many minutes, on every node); this ends the job within a minute instead. Not
+# --kill-on-bad-exit: every rank exits with EXIT_REQUEUE after a checkpoint, and tasks
+# killed a moment after the first one ended would report a signal instead of that code.
+# The ranks leave together (the trainer waits for rank 0's report before exiting), so the
+# 30 s never cut a healthy run short.
 launch_command() {
     local launcher=${LAUNCHER:-srun}
     case $launcher in
         srun)
-            STEP=(srun "${PYTHON[@]}" -m "$PACKAGE" "$@")
+            STEP=(srun --wait=30 "${PYTHON[@]}" -m "$PACKAGE" "$@")
             ;;
         torchrun)
             local head port per_node=${SLURM_NTASKS_PER_NODE:-1}
             head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-            # Differs from the port the srun launcher would use for this job (20000 + id).
-            port=$((20000 + (SLURM_JOB_ID + 10000) % 20000))
+            port=$(rendezvous_port torchrun)
             export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
-            STEP=(srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES"
+            STEP=(srun --wait=30 --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES"
                 --cpus-per-task="$((${SLURM_CPUS_PER_TASK:-1} * per_node))"
                 "${PYTHON[@]}" -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES"
                 --nproc-per-node="$per_node" --rdzv-backend=c10d
@@ -186,6 +302,28 @@ launch_command() {
     esac
 }
 
+# The rendezvous port of this job: the rule of rendezvous_port() in
+# src/<package>/distributed.py (a template test keeps the two equal). Ports 10000-29999,
+# below Linux's ephemeral range: 10 per job id, taken from the id modulo 2000, so jobs whose
+# ids differ by less than 2000 never share one (array tasks have ids of their own, which
+# are consecutive); 0-4 for the srun launcher by restart count, 5 for torchrun's agent.
+rendezvous_port() {
+    local offset=$(( ${SLURM_RESTART_COUNT:-0} % 5 ))
+    [[ "$1" != torchrun ]] || offset=5
+    echo $((10000 + (SLURM_JOB_ID % 2000) * 10 + offset))
+}
+
+# Where the data is staged: node-local disk when the site names one, else (logged) none.
+log_node_storage() {
+    local dir=${!NODE_TMP_VAR:-}
+    if [[ -n "$dir" && -d "$dir" ]]; then
+        log "node-local storage: $NODE_TMP_VAR=$dir (data is staged there)"
+    else
+        log "warning: $NODE_TMP_VAR is unset or not a directory on $(hostname):" \
+            "no staging, the data is read from the shared file system"
+    fi
+}
+
 # Run `python -m PACKAGE "$@"` on every rank of the allocation and act on the outcome:
 # exit code 0 finishes the job; EXIT_REQUEUE after USR1 requeues it (within the budget).
 run_training() {
@@ -193,18 +331,19 @@ run_training() {
     log "job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_JOB_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}" \
         "on ${SLURM_JOB_NODELIST:-$(hostname)}, restart ${SLURM_RESTART_COUNT:-0}," \
         "commit $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+    schedule_stop
     # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
     if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
         export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
     fi
     export PYTHONUNBUFFERED=1
+    log_node_storage
     activate_environment
     launch_command "$@"
     if [[ -n "$STOP_SIGNAL" ]]; then  # the signal came during set-up: nothing to save yet
-        if [[ "$STOP_SIGNAL" == USR1 && "${AUTO_REQUEUE:-1}" != 0 ]] && requeue; then
-            exit 0
-        fi
+        log "stop signal (SIG$STOP_SIGNAL) before the training started: nothing saved;" \
+            "not requeueing (is the time limit too short for the set-up?)"
         exit 1
     fi
     log "launch: ${STEP[*]}"
@@ -228,7 +367,7 @@ run_training() {
     fi
     if ((wants_requeue)); then
         if [[ "$STOP_SIGNAL" == TERM ]]; then
-            log "stopped by SIGTERM (cancel, preemption or hard limit): checkpoint kept, no requeue"
+            log "stopped by SIGTERM (scancel or the hard limit): checkpoint kept, no requeue"
             exit "$rc"
         fi
         if [[ "${AUTO_REQUEUE:-1}" == 0 ]]; then

@@ -20,7 +20,7 @@ options=(
     --nodes=1
     --ntasks=1
     --cpus-per-task={{ q(cookiecutter.cpus_per_gpu | int) }}
-    --mem={{ q(cookiecutter.memory) }}
+    --mem={{ q(cookiecutter.memory.replace("/gpu", "")) }}
     --time=02:00:00
 {%- if cookiecutter.account %}
     --account={{ q(cookiecutter.account) }}

@@ -9,13 +9,16 @@
 #                                   (data wait vs compute vs checkpoint), samples/s, GPU
 #                                   memory and utilisation (runs/RUN/summary.json, written at
 #                                   the end of every job; while it runs: runs/RUN/metrics.csv)
+#   slurm/monitor.sh efficiency JOBID  what the job cost, every requeued segment: sacct's
+#                                   elapsed time, allocation and CPU time, and seff's CPU and
+#                                   memory efficiency, where the site keeps accounting
 # The GPU view is a second step inside the job's allocation (srun --overlap): it uses none
 # of the job's resources and ends with the job. Low GPU utilisation together with a high
 # data-wait share in the summary means the input pipeline, not the GPU, is the limit.
 set -euo pipefail
 
 die() { echo "monitor.sh: $*" >&2; exit 2; }
-usage="usage: slurm/monitor.sh JOBID [NODE] | log JOBID | summary RUN"
+usage="usage: slurm/monitor.sh JOBID [NODE] | log JOBID | summary RUN | efficiency JOBID"
 
 # Runs on the compute node: the first GPU monitor found.
 gpu_view() {
@@ -63,6 +66,30 @@ case "${1:-}" in
             tail -n 5 "$run_dir/metrics.csv"
         else
             die "no run $run_dir"
+        fi
+        ;;
+    efficiency)
+        [[ "${2:-}" =~ ^[0-9]+(_[0-9]+)?$ ]] || die "$usage"
+        if command -v sacct >/dev/null 2>&1 \
+            && records=$(sacct -j "$2" --duplicates --allocations --parsable2 \
+                -o JobID,State,Start,Elapsed,AllocTRES,TotalCPU,MaxRSS 2>/dev/null) \
+            && [[ "$records" == *$'\n'* ]]; then
+            echo "== sacct: job $2, one line per segment (requeues included)"
+            printf '%s\n' "$records"
+        else
+            echo "== sacct: no accounting records for job $2 (sacct missing or accounting off)"
+        fi
+        if command -v seff >/dev/null 2>&1; then
+            echo "== seff"
+            seff "$2" || true
+        fi
+        echo "== the job's own report (end of its log)"
+        logfile=$(job_field "$2" StdOut 2>/dev/null || true)
+        if [[ -n "$logfile" && -f "$logfile" ]]; then
+            grep -E -A 8 'where the time went:' "$logfile" | tail -n 9 || true
+            grep -E 'efficiency:' "$logfile" || true
+        else
+            echo "log not found via scontrol (finished jobs vanish after a while): see logs/"
         fi
         ;;
     *)

@@ -14,6 +14,7 @@ import torch
 from conftest import PACKAGE, cli_env, pkg
 
 checkpoint = pkg("checkpoint")
+distributed = pkg("distributed")
 ARGS = [
     "train",
     "task.name=toy_tasks.blobs",
@@ -29,15 +30,15 @@ ARGS = [
 
 
 def free_job_id() -> int:
-    """A job id whose derived rendezvous port (20000 + id % 20000) is free right now."""
+    """A job id whose derived rendezvous port is free right now."""
     for _ in range(100):
-        port = random.randint(20000, 39999)  # noqa: S311  (not a secret)
+        job_id = random.randint(4_000_000, 5_000_000)  # noqa: S311  (not a secret)
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("127.0.0.1", distributed.rendezvous_port(job_id, 0)))
             except OSError:
                 continue
-        return 4_000_000 + port - 20000
+        return job_id
     raise RuntimeError("no free port")
 
 

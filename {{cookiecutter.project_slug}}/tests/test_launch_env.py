@@ -27,13 +27,24 @@ def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
 
 def test_rendezvous_from_slurm_is_the_same_on_every_rank() -> None:
     env = {"SLURM_JOB_NODELIST": "ggpu[07-08]", "SLURM_JOB_ID": "1234567"}
-    assert distributed.rendezvous(env) == ("ggpu07", 20000 + 1234567 % 20000)
-    array_task = distributed.rendezvous({**env, "SLURM_ARRAY_TASK_ID": "3"})
-    assert array_task[1] != distributed.rendezvous(env)[1]
+    assert distributed.rendezvous(env) == ("ggpu07", distributed.rendezvous_port(1234567, 0))
     requeued = distributed.rendezvous({**env, "SLURM_RESTART_COUNT": "1"})
     assert requeued[1] == distributed.rendezvous(env)[1] + 1
     explicit = {**env, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert distributed.rendezvous(explicit) == ("10.0.0.1", 29500)
+
+
+def test_rendezvous_ports_of_nearby_jobs_and_restarts_never_collide() -> None:
+    # Array tasks and jobs submitted together get consecutive ids; task 1 of job 8 (id 8)
+    # and task 0 (id 9) once shared a port. Every (id, restart) pair of 1999 consecutive
+    # ids and 5 restarts has a port of its own, below the ephemeral range.
+    ports = [
+        distributed.rendezvous_port(job, restart)
+        for job in range(7_654_321, 7_654_321 + 1999)
+        for restart in range(5)
+    ]
+    assert len(set(ports)) == len(ports)
+    assert min(ports) > 1024 and max(ports) < 32768
 
 
 def test_resolve_env_launchers() -> None:

@@ -161,10 +161,13 @@ def test_images_prepare_packs_the_files_into_shards(example_project: Path) -> No
     image, label = sets.train[0]
     assert image.shape == (1, 16, 16)
     assert 0 <= int(label) < 10
-    # Training samples are augmented: a sample's draw depends on the epoch, not on chance.
+    # Training samples are augmented: a batch's draws depend on its epoch, not on chance.
     loader = pkg("batches").SeededSamples(sets.train, seed=0)
-    assert torch.equal(loader[(3, 5)][0], loader[(3, 5)][0])
-    assert not torch.equal(loader[(3, 5)][0], loader[(4, 5)][0])
+    first = [image for image, _ in loader.__getitems__([(3, 5), (3, 9)])]
+    again = [image for image, _ in loader.__getitems__([(3, 5), (3, 9)])]
+    later = [image for image, _ in loader.__getitems__([(4, 5), (4, 9)])]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], later[0])
 
 
 def test_prepare_refuses_float_labels_for_a_classification_task(example_project: Path) -> None:

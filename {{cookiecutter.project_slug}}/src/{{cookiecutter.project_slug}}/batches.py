@@ -8,8 +8,8 @@ paths, or resuming mid-epoch on either path, does not change the training trajec
 The in-memory path (for a `TensorDataset` that fits) skips per-sample `__getitem__` calls,
 collation and host-to-device copies, which dominate the step time of small models. The
 DataLoader path takes any map-style data set; its sampler hands out (epoch, index) pairs, and
-every sample is loaded with torch, `random` and numpy seeded from (seed, epoch, index), so
-random augmentation in workers is the same on every start and a resume is exact.
+every batch is loaded with torch, `random` and numpy seeded from (seed, epoch, its first
+index), so random augmentation in workers is the same on every start and a resume is exact.
 """
 
 from collections.abc import Iterator, Mapping
@@ -106,7 +106,12 @@ class InMemoryBatches:
 
 
 class SeededSamples(Dataset):
-    """Loads `dataset[index]` for the key (epoch, index) with per-sample seeded RNGs."""
+    """Loads the samples of a batch of (epoch, index) keys with seeded RNGs.
+
+    DataLoader workers call `__getitems__` with a whole batch's keys. The seed depends on the
+    epoch and the batch's first index: each index is in one batch of an epoch, and a resumed
+    run draws the same batches, so each batch's random numbers are the same on every start.
+    """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         """Wrap `dataset`; `seed` is the run's seed."""
@@ -116,11 +121,15 @@ class SeededSamples(Dataset):
         """Samples in the wrapped data set."""
         return size(self.dataset)
 
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """The samples of one batch, as they are drawn in its epoch."""
+        epoch, first = keys[0]
+        with seeded_sample(sample_seed(self.seed, epoch, first)):
+            return [self.dataset[index] for _, index in keys]
+
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        """The sample `index` as it is drawn in `epoch`."""
-        epoch, index = key
-        with seeded_sample(sample_seed(self.seed, epoch, index)):
-            return self.dataset[index]
+        """One sample, drawn as the first of a batch."""
+        return self.__getitems__([key])[0]
 
 
 class EpochSampler(Sampler[tuple[int, int]]):
@@ -144,8 +153,8 @@ class EpochSampler(Sampler[tuple[int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """The keys of the current epoch from position `skip` on."""
-        epoch = self.epoch if self.train else -1  # evaluation: one fixed draw per sample
-        return ((epoch, int(i)) for i in self._order()[self.skip :])
+        epoch = self.epoch if self.train else -1  # evaluation: one fixed draw per batch
+        return ((epoch, i) for i in self._order()[self.skip :].tolist())
 
     def __len__(self) -> int:
         """Keys left in this epoch."""

@@ -87,7 +87,11 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of the checkpoint files in `directory`, oldest first."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := _NAME.fullmatch(p.name)) and p.is_file()  # a folder of that name is not one
+    ]
     return sorted(found)
 
 

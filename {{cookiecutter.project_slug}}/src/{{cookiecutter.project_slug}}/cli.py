@@ -3,19 +3,22 @@
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
 overrides, e.g. `train train.epochs=3 run.name=try1`.
-Exit codes: 0 done, 1 error (one line on stderr), 2 bad usage or configuration,
-3 (`train` only) checkpointed after a stop signal, requeue me.
+Exit codes: 0 done, 1 error (one line on stderr, also for a file or folder that cannot be
+read or written), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
+signal, requeue me.
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from . import __version__, rawdata
 from .config import Config, load_config
-from .errors import ProjectError
+from .errors import ConfigError, ProjectError
 from .manifest import RawDataError
+from .names import check_given, check_run_name
 from .settings import Settings, get_settings
 
 PROG = __package__ or "main"
@@ -27,7 +30,11 @@ def _config(args: argparse.Namespace, settings: Settings) -> Config:
     if path is None:
         default = configs / "train.toml"
         path = default if default.is_file() else None
-    return load_config(path, args.overrides, task_dir=configs / "tasks")
+    try:
+        return load_config(path, args.overrides, task_dir=configs / "tasks")
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else err.strerror
+        raise ConfigError(f"--config {path}: cannot be read: {reason}") from None
 
 
 def _verify_raw(cfg: Config, settings: Settings) -> None:
@@ -53,6 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train or resume; exit 3 after a stop signal (checkpoint written)."""
     settings = get_settings()
     cfg = _config(args, settings)
+    check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
     from .trainer import train  # noqa: PLC0415  (imports torch)
 
     return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
@@ -63,6 +71,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     settings = get_settings()
     from .evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
 
+    if args.run:
+        check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
     result = evaluate_run(run_dir, settings, args.device)
     print(json.dumps(result, indent=2))
@@ -126,3 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ProjectError, RawDataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
+    except OSError as err:  # a path that cannot be read or written: one line, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1

@@ -147,6 +147,43 @@ POSITIVE = {
 }
 
 
+# --- Upper bounds: values beyond these are typos, not experiments -------------------------
+# A 20-digit seed overflows torch's generator; 10^11 hidden units or 10^20 epochs run out of
+# memory or run forever without saying why. Settings missing here have no upper bound.
+# Seeds stay below 2**31 so that seed + rank fits every generator. (data.num_workers has
+# none: `doctor` warns when it exceeds the CPUs of the job.)
+UPPER_BOUNDS: dict[str, float] = {
+    "run.seed": 2**31 - 1,
+    "data.split_seed": 2**31 - 1,
+    "run.log_every_steps": 10**9,
+    "run.checkpoint_every_steps": 10**9,
+    "run.checkpoint_every_minutes": 7 * 24 * 60,
+    "run.keep_checkpoints": 10_000,
+    "run.max_steps_this_segment": 10**12,
+    "data.in_memory_max_gb": 10**6,
+    "data.prefetch_factor": 1024,
+    "model.hidden": 10**6,
+    "model.depth": 10_000,
+    "model.channels": 10**5,
+    "model.dropout": 1,
+    "train.epochs": 10**6,
+    "train.batch_size": 10**8,
+    "train.warmup_steps": 10**9,
+    "train.grad_accum_steps": 10**5,
+    "dist.timeout_minutes": 7 * 24 * 60,
+}
+
+
+def check_upper_bounds(cfg: Config) -> None:
+    """Raise ConfigError for the first setting above its upper bound."""
+    sections = _sections(cfg)
+    for key, bound in UPPER_BOUNDS.items():
+        section, name = key.split(".")
+        value = getattr(sections[section], name)
+        if value > bound:
+            raise ConfigError(f"{key}: must be at most {bound:,}, got {value!r}")
+
+
 def _sections(cfg: Config) -> dict[str, Any]:
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
@@ -179,6 +216,11 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
     if section_name not in sections or not key:
         raise ConfigError(
             f"unknown config key {dotted!r}: use section.key with a section in {sorted(sections)}"
+        )
+    if dotted == "data.dataset":  # projects made before template release 0.2.0
+        raise ConfigError(
+            f"data.dataset = {value!r}: replaced by the task seam; write [task] name = "
+            '"digits" (or your task) in configs/train.toml, see docs/bring-your-own-task.md'
         )
     if section_name == "task" and key != "name":
         cfg.task.options[key] = (value, from_text)  # typed once the task is known
@@ -225,6 +267,7 @@ def validate(cfg: Config) -> None:
                     raise ConfigError(f"{key}: must be >= {lowest}, got {value!r}")
     if cfg.data.val_fraction + cfg.data.test_fraction >= 1:
         raise ConfigError("data.val_fraction + data.test_fraction: must be < 1")
+    check_upper_bounds(cfg)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

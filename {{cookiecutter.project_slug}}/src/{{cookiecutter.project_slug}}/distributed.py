@@ -4,7 +4,7 @@ The launch mode is read from the environment: torchrun sets RANK/LOCAL_RANK/WORL
 sets SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS. Under srun the rendezvous address is the
 first host of SLURM_JOB_NODELIST, parsed here in Python because `scontrol` is often missing
 inside containers, and the port is derived from the job id so every rank computes the same one
-without talking to the others.
+without talking to the others (`rendezvous_port`).
 """
 
 import datetime
@@ -69,20 +69,32 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+# Rendezvous ports: 10000-29999, below Linux's ephemeral range (32768 and up), where the
+# kernel hands out ports for outgoing connections. Ten ports per job id, from the id modulo
+# 2000: SLURM_JOB_ID is unique per job and per array task (tasks get consecutive ids), so
+# jobs sharing a node collide only if their ids differ by a multiple of 2000. Within a job,
+# ports 0-4 go round with the restart count (clear of sockets an earlier attempt left
+# behind) and 5 is torchrun's agent (slurm/common.sh computes the same, a test checks).
+PORT_BASE = 10_000
+PORT_JOB_SLOTS = 2_000
+PORTS_PER_JOB = 10
+PORT_RESTART_SLOTS = 5
+
+
+def rendezvous_port(job_id: int, restart_count: int) -> int:
+    """The port of one job and attempt under the srun launcher (see the rule above)."""
+    slot = (job_id % PORT_JOB_SLOTS) * PORTS_PER_JOB
+    return PORT_BASE + slot + restart_count % PORT_RESTART_SLOTS
+
+
 def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
     """MASTER_ADDR and MASTER_PORT: from the environment, else derived from Slurm's variables."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
     addr = env.get("MASTER_ADDR") or expand_nodelist(nodelist)[0]
     if env.get("MASTER_PORT"):
         return addr, int(env["MASTER_PORT"])
-    # A port in 20000-39999 from the job (and array task) id: the same on every rank, and two
-    # jobs sharing a node collide only if their ids agree in the last four digits. A requeued
-    # job moves on by its restart count, clear of sockets its previous attempt left behind.
-    job = sum(
-        int(env.get(name) or 0)
-        for name in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT")
-    )
-    return addr, 20000 + job % 20000
+    job = int(env.get("SLURM_JOB_ID") or 0)
+    return addr, rendezvous_port(job, int(env.get("SLURM_RESTART_COUNT") or 0))
 
 
 def tasks_on_node(tasks_per_node: str, node_id: int) -> int:

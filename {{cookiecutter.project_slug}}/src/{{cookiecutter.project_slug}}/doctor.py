@@ -3,6 +3,7 @@
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,32 @@ def _software_and_gpus(cuda: bool) -> None:
         print("gpu      " + ("Apple MPS" if torch.backends.mps.is_available() else "none visible"))
 
 
+def _gpu_types() -> None:
+    """GPU types and MIG slices per partition as the cluster reports them now.
+
+    Slice names such as 1g.20gb change when a site repartitions its GPUs; the job scripts
+    take theirs from the answers, so compare here and regenerate (or edit the header).
+    """
+    if not shutil.which("sinfo"):
+        return
+    try:
+        done = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %G"],  # noqa: S607 - the site's sinfo from PATH
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return
+    if done.returncode == 0 and done.stdout.strip():
+        print("gres     GPU types per partition now (sinfo -o '%P %G'):")
+        for line in sorted(set(done.stdout.splitlines())):
+            print(f"           {line}")
+
+
 def _slurm(cfg: Config, cuda: bool, warnings: list[str]) -> None:
+    _gpu_types()
     env = os.environ
     job = env.get("SLURM_JOB_ID")
     if not job:

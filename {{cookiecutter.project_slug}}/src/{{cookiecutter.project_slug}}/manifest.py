@@ -8,6 +8,7 @@ raw-data folder; ``mode`` is the octal permission set that ``data freeze`` left 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import tempfile
 from pathlib import Path
@@ -61,8 +62,9 @@ def parse_manifest(text: str, source: str) -> dict[str, Entry]:
             raise RawDataError(
                 f"{source}:{number}: expected path, size, octal mode and sha256, tab-separated"
             )
-        rel, size, mode, sha256 = match.groups()
-        if rel.startswith("/") or ".." in rel.split("/") or rel in entries:
+        written, size, mode, sha256 = match.groups()
+        rel = posixpath.normpath(written)  # a hand-edited ./a.csv or a//b.csv names a file too
+        if rel.startswith("/") or rel == "." or ".." in rel.split("/") or rel in entries:
             raise RawDataError(f"{source}:{number}: path {rel!r} is absolute, escapes or repeats")
         entries[rel] = Entry(int(size), int(mode, 8), sha256)
     return entries
@@ -75,20 +77,33 @@ def read_manifest(path: Path) -> dict[str, Entry]:
     except FileNotFoundError:
         hint = f"`{__package__} data freeze` records the raw data"
         raise RawDataError(f"no manifest at {path}; {hint}") from None
+    except UnicodeDecodeError:
+        raise RawDataError(f"manifest {path}: not UTF-8 text") from None
+    except OSError as err:  # a folder in its place, no read permission
+        raise RawDataError(f"manifest {path}: cannot be read: {err.strerror}") from None
     return parse_manifest(text, str(path))
 
 
-def write_manifest(path: Path, entries: Mapping[str, Entry]) -> None:
-    """Write the manifest atomically, so that a crash never leaves half a file."""
+def stage_manifest(path: Path) -> Path:
+    """Create the temporary file that ``write_manifest`` fills: proof the folder is writable."""
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise RawDataError(f"manifest {path}: cannot be written: {err.strerror}") from None
+    os.close(fd)
+    return Path(name)
+
+
+def write_manifest(path: Path, entries: Mapping[str, Entry], staged: Path | None = None) -> None:
+    """Write the manifest atomically (into ``staged`` if given), so a crash leaves no half file."""
     text = format_manifest(entries)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
+    tmp = staged or stage_manifest(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        with tmp.open("w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
         tmp.chmod(0o644)  # mkstemp makes 0600; the manifest is an ordinary committed file
         tmp.replace(path)
     except BaseException:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
         raise

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from .hashcache import HashCache
-from .manifest import Entry, RawDataError, check_path, read_manifest, write_manifest
+from .manifest import (
+    Entry,
+    RawDataError,
+    check_path,
+    read_manifest,
+    stage_manifest,
+    write_manifest,
+)
 from .settings import get_settings
 
 if TYPE_CHECKING:
@@ -112,18 +119,22 @@ def scan(raw_dir: Path) -> dict[str, os.stat_result]:
     pending = [("", os.fspath(raw_dir))]
     while pending:
         prefix, folder = pending.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                try:
-                    st = entry.stat()  # follows symlinks
-                except FileNotFoundError:  # a dangling symlink has no content to check
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    if (st.st_dev, st.st_ino) not in seen:
-                        seen.add((st.st_dev, st.st_ino))
-                        pending.append((f"{prefix}{entry.name}/", entry.path))
-                elif stat.S_ISREG(st.st_mode) and entry.name not in IGNORED_NAMES:
-                    found[prefix + entry.name] = st
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError as err:
+            raise RawDataError(f"raw-data folder {folder} cannot be read: {err.strerror}") from None
+        for entry in entries:
+            try:
+                st = entry.stat()  # follows symlinks
+            except FileNotFoundError:  # a dangling symlink has no content to check
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    pending.append((f"{prefix}{entry.name}/", entry.path))
+            elif stat.S_ISREG(st.st_mode) and entry.name not in IGNORED_NAMES:
+                found[prefix + entry.name] = st
     return found
 
 
@@ -133,11 +144,14 @@ def sha256_file(
     """SHA-256 of a file, read in chunks the size of ``buffer`` (default 1 MiB)."""
     view = memoryview(bytearray(_CHUNK)) if buffer is None else buffer
     digest = hashlib.sha256()
-    with path.open("rb", buffering=0) as handle:
-        while size := handle.readinto(view):
-            digest.update(view[:size])
-            if advance is not None:
-                advance(size)
+    try:
+        with path.open("rb", buffering=0) as handle:
+            while size := handle.readinto(view):
+                digest.update(view[:size])
+                if advance is not None:
+                    advance(size)
+    except OSError as err:
+        raise RawDataError(f"raw file {path} cannot be read: {err.strerror}") from None
     return digest.hexdigest()
 
 
@@ -335,7 +349,9 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
                 f"record it with `{__package__} data freeze --update`"
             )
         for change in changes:
-            st = _set_mode(raw_dir / change.path, stats[change.path], old[change.path].mode)
+            st = stats[change.path]
+            if _inside(raw_dir, raw_dir / change.path):  # never chmod outside the raw folder
+                st = _set_mode(raw_dir / change.path, st, old[change.path].mode)
             cache.put(change.path, st, old[change.path].sha256)
         cache.save()
         return changes
@@ -343,15 +359,36 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
     for rel in stats:  # before anything changes on disk
         check_path(rel)
     sums = hash_files(raw_dir, stats, cache, full=full)
-    entries: dict[str, Entry] = {}
-    for rel, st in stats.items():
-        frozen = _set_mode(raw_dir / rel, st, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS)
-        cache.put(rel, frozen, sums[rel])
-        entries[rel] = Entry(frozen.st_size, stat.S_IMODE(frozen.st_mode), sums[rel])
-    write_manifest(manifest, entries)
+    # All or nothing: the manifest's folder must take the new manifest before any file's
+    # mode changes, and a failure after that puts the old modes back.
+    staged = stage_manifest(manifest)
+    restore: dict[str, int] = {}
+    try:
+        entries: dict[str, Entry] = {}
+        for rel, st in stats.items():
+            frozen = st
+            if _inside(raw_dir, raw_dir / rel):  # never chmod what a link points to outside
+                frozen = _set_mode(raw_dir / rel, st, stat.S_IMODE(st.st_mode) & ~_WRITE_BITS)
+                if frozen is not st:
+                    restore[rel] = stat.S_IMODE(st.st_mode)
+            else:
+                log.warning("%s links outside %s: recorded, permissions left", rel, raw_dir)
+            cache.put(rel, frozen, sums[rel])
+            entries[rel] = Entry(frozen.st_size, stat.S_IMODE(frozen.st_mode), sums[rel])
+        write_manifest(manifest, entries, staged)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        for rel, mode in restore.items():
+            (raw_dir / rel).chmod(mode)
+        raise
     cache.keep_only(set(stats))
     cache.save()
     return diff(old or {}, entries, gone="removed")
+
+
+def _inside(raw_dir: Path, path: Path) -> bool:
+    """Whether ``path``, links resolved, lies below ``raw_dir`` (links resolved too)."""
+    return path.resolve().is_relative_to(raw_dir.resolve())
 
 
 def _run_freeze(args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ProjectError
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -49,15 +51,24 @@ def load_dotenv_once() -> None:
     from dotenv import load_dotenv  # noqa: PLC0415  (keeps `--help` free of it)
 
     root = Path(os.environ.get("PROJECT_ROOT") or Path.cwd())
-    load_dotenv(root / ".env", override=False)
+    try:
+        load_dotenv(root / ".env", override=False)
+    except UnicodeDecodeError:
+        raise ProjectError(f"{root / '.env'}: not UTF-8 text; save it as UTF-8") from None
+    except OSError as err:
+        raise ProjectError(f"{root / '.env'}: cannot be read: {err.strerror}") from None
 
 
 def get_settings() -> Settings:
     """Return the directories for this process (after loading `.env`)."""
     load_dotenv_once()
     root = Path(os.environ.get("PROJECT_ROOT") or Path.cwd()).expanduser().resolve()
-    return Settings(
+    settings = Settings(
         project_root=root,
         data_dir=_path_from_env("DATA_DIR", root / "data", root),
         runs_dir=_path_from_env("RUNS_DIR", root / "runs", root),
     )
+    for name, path in (("DATA_DIR", settings.data_dir), ("RUNS_DIR", settings.runs_dir)):
+        if path.exists() and not path.is_dir():
+            raise ProjectError(f"{name} {path}: is a file, not a folder")
+    return settings

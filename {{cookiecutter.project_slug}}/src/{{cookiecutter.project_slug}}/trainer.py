@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, names, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import stage
@@ -71,6 +71,7 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
 
     A requeued Slurm job keeps its id, so it finds its own run directory and resumes.
     """
+    names.check_given(cfg.run.name, env.get("RUN_NAME", ""))  # one folder below runs/
     if cfg.run.name:
         return cfg.run.name
     if env.get("RUN_NAME"):
@@ -149,7 +150,11 @@ def train(
             datasets = _load_checked(task, cfg, denv, check_raw)
             trainer = Trainer(cfg, task, datasets, settings=settings, denv=denv, device=device)
             with trainer:
-                return trainer.run(stop)
+                result = trainer.run(stop)
+            # Rank 0 has reported: the ranks end together (srun --wait), and no collective is
+            # still being torn down in gloo's threads when the group is destroyed.
+            distributed.barrier()
+            return result
         finally:
             distributed.shutdown()
 
@@ -312,6 +317,10 @@ class Trainer:
     def __exit__(self, *_exc: object) -> None:
         """Shut the DataLoader workers down and unlock (also after an exception or a signal)."""
         self.batches.close()
+        # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
+        # it is not the group's last owner: gloo's destructor joins threads that may need the
+        # GIL, and in a reducer's teardown that deadlocked the process at exit.
+        self.model = self.net
         self._held.close()
 
     # --- checkpoints --------------------------------------------------------------------
@@ -558,6 +567,7 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
+            provenance.record(self.run_dir, self.settings.project_root, os.environ)
             fields = metric_fields(self.task.metrics, self.lr_names)
             self.metrics = MetricsLog(self.run_dir, self.cfg.run.tracking, self.pos.step, fields)
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
