@@ -278,7 +278,6 @@ class Trainer:
 
         self.log_every = cfg.run.log_every_steps
         self.pos = Position()
-        self.finite_step = 0  # the last step known to have finite weights
         self.nonfinite_windows = 0  # logging windows in a row with a NaN/inf loss
         self.grad_norm: torch.Tensor | None = None
         self.best: float | None = None  # best value of run.best_metric so far
@@ -343,7 +342,7 @@ class Trainer:
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
         self.load_optimizer(state)
         self.pos = Position(**state["position"])
-        self.saved_step = self.finite_step = self.pos.step
+        self.saved_step = self.pos.step
         self.best, self.earlier = state.get("best"), state.get("seconds", {})
         self.restore_order(state)
         for change in _config_changes(state["config"], to_dict(self.cfg)):
@@ -429,7 +428,6 @@ class Trainer:
             return True
         if not self.weights_finite():
             return False
-        self.finite_step = self.pos.step
         start = time.perf_counter()
         rngs = distributed.gather_objects(rng_state(self.device))
         if self.denv.is_main:
@@ -592,10 +590,11 @@ class Trainer:
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
         if outcome == "diverged":
+            kept = f"step {self.saved_step}" if self.saved_step >= 0 else "none"
             self.say(
                 f"error: the loss or the weights became NaN/inf by step {self.pos.step}; "
-                f"stopped with exit {EXIT_DIVERGED}, the last finite checkpoint is step "
-                f"{self.finite_step} (lower train.lr, or raise train.nonfinite_patience)"
+                f"stopped with exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
+                "(lower train.lr, or raise train.nonfinite_patience)"
             )
         elif outcome == "stop":
             self.say(self.stop_message(stop))
