@@ -87,7 +87,7 @@ def test_sigterm_to_the_whole_group_spares_dataloader_workers(project: Path) -> 
     output = signal_after(proc, "step 10/", signal.SIGTERM, group=True)
     assert proc.returncode == EXIT_REQUEUE, output
     assert "stop signal (SIGTERM)" in output
-    assert "not requeued by the job script" in output  # only USR1 is requeued
+    assert "not a cancelled one: start run.name=term again" in output
     assert "Traceback" not in output
     state = checkpoint.load_latest(project / "runs" / "term" / "checkpoints")
     assert state["position"]["step"] >= 10

@@ -622,13 +622,13 @@ class Trainer:
         return Result(code, self.run_dir, summary)
 
     def stop_message(self, stop: StopRequest) -> str:
-        """What happens after a stop: the job script requeues only after its time-limit signal."""
+        """What follows a stop: the job script requeues after USR1 and after a preemption."""
         name = stop.signal_name or "on another rank"
         done = f"stop signal ({name}): checkpoint at step {self.pos.step} written, exit"
-        if stop.signal_name == "SIGTERM":  # scancel or preemption: the job script does not requeue
+        if stop.signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
             return (
-                f"{done} {EXIT_REQUEUE}; not requeued by the job script: start "
-                f"run.name={self.name} again to resume"
+                f"{done} {EXIT_REQUEUE}; the job script requeues a preempted job, not a "
+                f"cancelled one: start run.name={self.name} again to resume that"
             )
         return f"{done} {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
 
