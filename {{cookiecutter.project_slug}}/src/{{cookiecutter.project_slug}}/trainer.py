@@ -633,7 +633,7 @@ class Trainer:
         return f"{done} {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
-        """Epochs and steps; returns the outcome ("", "stop", "segment", "diverged"), steps done."""
+        """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
         loss_sum, loss_count = torch.zeros((), device=self.device), 0
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
