@@ -477,12 +477,25 @@ def gpu_type(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> str:
     return str(preset.get("partitions", {}).get(first, {}).get("gpu_type", ""))
 
 
+def _jinja_int(text: object) -> int:
+    """Jinja's `int` filter: the number, or 0 for text that is none (the rules say why)."""
+    try:
+        return int(str(text))
+    except ValueError:
+        pass
+    try:
+        return int(float(str(text)))
+    except (ValueError, OverflowError):  # "inf": Jinja gives 0 too
+        return 0
+
+
 def mem_per_node(answers: Mapping[str, Any]) -> str:
     """`--mem` of a node: per-GPU memory times the GPUs, or as answered (__mem_per_node)."""
     memory = str(answers.get("memory", ""))
     if not memory.endswith("/gpu"):
         return memory
-    return f"{int(memory[:-5]) * int(answers.get('gpus_per_node', 1))}{memory[-5]}"
+    gpus = _jinja_int(answers.get("gpus_per_node", ""))
+    return f"{_jinja_int(memory[:-5]) * gpus}{memory[-5:-4]}"
 
 
 def hpc_year() -> str:

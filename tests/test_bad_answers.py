@@ -354,8 +354,8 @@ def test_gpu_type_rule_matches_cookiecutter_expression() -> None:
 def test_mem_per_node_rule_matches_cookiecutter_expression() -> None:
     """The hook recomputes __mem_per_node exactly as cookiecutter.json's expression does."""
     expression = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["__mem_per_node"]
-    for memory in ("64G", "500M", "16G/gpu", "120G/gpu", "2T/gpu"):
-        for gpus in ("1", "4"):
+    for memory in ("64G", "500M", "16G/gpu", "120G/gpu", "2T/gpu", "x/gpu", "/gpu", "1.5G/gpu", "infG/gpu"):
+        for gpus in ("1", "4", "abc", ""):
             answers = {"memory": memory, "gpus_per_node": gpus}
             rendered = jinja2.Template(expression).render(cookiecutter=answers)
             assert rules.mem_per_node(answers) == rendered, (memory, gpus)

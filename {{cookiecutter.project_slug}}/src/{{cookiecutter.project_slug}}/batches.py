@@ -116,6 +116,8 @@ class SeededSamples(Dataset):
     def __init__(self, dataset: Dataset, seed: int) -> None:
         """Wrap `dataset`; `seed` is the run's seed."""
         self.dataset, self.seed = dataset, seed
+        # Indexing a TensorDataset draws no random numbers: no generators to seed then.
+        self.draws = not isinstance(dataset, TensorDataset)
 
     def __len__(self) -> int:
         """Samples in the wrapped data set."""
@@ -123,6 +125,8 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         """The samples of one batch, as they are drawn in its epoch."""
+        if not self.draws:
+            return [self.dataset[index] for _, index in keys]
         epoch, first = keys[0]
         with seeded_sample(sample_seed(self.seed, epoch, first)):
             return [self.dataset[index] for _, index in keys]
