@@ -1,5 +1,6 @@
 """Two CPU processes with gloo, started the way `srun` starts them (SLURM_* variables)."""
 
+import csv
 import random
 import signal
 import socket
@@ -101,6 +102,17 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
     assert resumed["position"] == single["position"]
     for key, value in single["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=1e-4, atol=1e-5)
+    # The logged train loss is the mean over both ranks: the single process's loss.
+    two, one = train_losses(project / "runs" / "ddp"), train_losses(project / "runs" / "single")
+    assert two, "no train rows"
+    for step in (s for s in two if s <= stopped_at["step"]):
+        assert two[step] == pytest.approx(one[step], rel=1e-4), step
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    with (run_dir / "metrics.csv").open() as f:
+        found = csv.DictReader(f)
+        return {int(r["step"]): float(r["loss"]) for r in found if r["phase"] == "train"}
 
 
 def test_two_ranks_finish_with_figures(project: Path) -> None:

@@ -67,6 +67,7 @@ def test_sigusr1_checkpoints_exits_3_and_the_rerun_matches(
     output = signal_after(proc, "step 30/", signal.SIGUSR1, group=False)
     assert proc.returncode == EXIT_REQUEUE, output
     assert "stop signal (SIGUSR1)" in output
+    assert "(the job script requeues" in output
     stopped = checkpoint.load_latest(project / "runs" / "stopped" / "checkpoints")
     total = 15 * (420 // 16)
     assert 30 <= stopped["position"]["step"] < total
@@ -86,6 +87,7 @@ def test_sigterm_to_the_whole_group_spares_dataloader_workers(project: Path) -> 
     output = signal_after(proc, "step 10/", signal.SIGTERM, group=True)
     assert proc.returncode == EXIT_REQUEUE, output
     assert "stop signal (SIGTERM)" in output
+    assert "not a cancelled one: start run.name=term again" in output
     assert "Traceback" not in output
     state = checkpoint.load_latest(project / "runs" / "term" / "checkpoints")
     assert state["position"]["step"] >= 10

@@ -5,16 +5,21 @@ over its final name, so a process killed at any moment leaves either the complet
 none; the previous checkpoints are removed only after the new one is in place.
 """
 
+import contextlib
+import errno
+import fcntl
 import os
 import re
+import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"step-(\d+)\.pt")
 
@@ -23,8 +28,44 @@ def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        # Some network and parallel file systems refuse fsync on a directory (EINVAL); the
+        # rename is then as durable as that file system makes it, and the file itself is synced.
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir/.lock` for one job; a second job on the same run name stops with one line.
+
+    The lock is a POSIX record lock (also honoured over NFS): the system releases it when the
+    holder dies, so a killed job never leaves a stale lock behind. The file names the holder.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno == errno.ENOLCK:  # a file system without locks: carry on unprotected
+                print(f"warning: cannot lock {path} ({err})", file=sys.stderr)
+            else:
+                holder = path.read_text(encoding="utf-8").strip() or "another process"
+                raise ConfigError(
+                    f"run.name: run directory {run_dir} is in use by {holder}; wait for it or "
+                    "choose another run.name"
+                ) from None
+        job = os.environ.get("SLURM_JOB_ID")
+        holder = f"{'job ' + job + ', ' if job else ''}pid {os.getpid()} on {socket.gethostname()}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode() + b"\n", 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def save_atomic(obj: Any, path: Path) -> None:

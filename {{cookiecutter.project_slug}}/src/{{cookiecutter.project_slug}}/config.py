@@ -38,6 +38,9 @@ class RunConfig:
     checkpoint_every_minutes: float = 30.0  # bounds the work lost to a hard kill; 0: off
     keep_checkpoints: int = 3
     max_steps_this_segment: int = 0  # >0: checkpoint and exit 0 after this many steps
+    val_every_steps: int = 0  # >0: also validate every this many steps (always at epoch ends)
+    best_metric: str = ""  # a validation metric of the task: keep its best weights in best.pt
+    best_mode: str = "min"  # min | max: which values of best_metric are better
     figures: bool = True
 
 
@@ -83,6 +86,7 @@ class TrainConfig:
     warmup_steps: int = 20
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max gradient norm; 0: off
+    nonfinite_patience: int = 0  # logging windows in a row with a NaN/inf loss before stopping
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | bf16 | fp16 | fp32
     device: str = "auto"  # auto (cuda, mps, cpu) | cuda | mps | cpu
 
@@ -122,6 +126,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.tracking": ("csv", "tensorboard"),
     "run.progress": ("auto", "bar", "log"),
+    "run.best_mode": ("min", "max"),
     "data.in_memory": ("auto", "yes", "no"),
     "train.schedule": ("cosine", "constant"),
     "train.precision": ("auto", "bf16", "fp16", "fp32"),

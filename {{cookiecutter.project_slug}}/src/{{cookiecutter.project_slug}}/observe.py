@@ -27,6 +27,7 @@ def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[s
         *metrics,
         "lr",
         *(f"lr_{name}" for name in lr_names),
+        "grad_norm",
         "samples_per_s",
         "elapsed_s",
     )
@@ -46,12 +47,17 @@ class MetricsLog:
                 # A row cut off by a hard kill lacks fields (None); it is dropped too.
                 rows = [r for r in csv.DictReader(f) if None not in r.values()]
                 kept = [r for r in rows if int(r["step"]) <= resume_step]
-        self._file = self.path.open("w", newline="")
         self.fields = fields
+        # The kept history goes to a new file that replaces the old one in one rename, so a
+        # kill during a resume never loses it; new rows are then appended.
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+        tmp.replace(self.path)
+        self._file = self.path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=fields, extrasaction="ignore")
-        self._csv.writeheader()
-        self._csv.writerows(kept)
-        self._file.flush()
         self._tb = None
         if tracking == "tensorboard":
             try:
@@ -136,6 +142,16 @@ class Timers:
         self.seconds[key] += now - since
         return now
 
+    def synchronized(self, key: str, since: float, device: torch.device) -> float:
+        """Like `add`, after waiting for the GPU's queued work, so its time counts for `key`.
+
+        CUDA calls return before the GPU has done the work; without this wait the work lands
+        wherever the next synchronising call happens. The loop calls it at logging steps only.
+        """
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return self.add(key, since)
+
     def sample_gpu(self, device: torch.device) -> None:
         """Record GPU utilisation from NVML when it is available."""
         if device.type != "cuda":
@@ -148,8 +164,8 @@ class Timers:
         """Totals, shares and throughput of this process's segment.
 
         `other` is the rest of the wall time, so the shares add up to one: logging, progress
-        output, the per-step stop decision (an all-reduce between ranks) and, on GPUs, waits
-        for queued kernels at those synchronising calls.
+        output and the stop decision. On GPUs the clocks are read after a synchronisation at
+        every logging step, so queued GPU work counts as compute, not as other.
         """
         total = time.perf_counter() - self.start
         train = self.seconds["data"] + self.seconds["compute"]
@@ -168,6 +184,16 @@ class Timers:
         return out
 
 
+def whole_run(seconds: dict[str, float], samples: int) -> dict[str, Any]:
+    """Totals over every segment of a run (up to each one's last checkpoint) and this one."""
+    train = seconds.get("data", 0.0) + seconds.get("compute", 0.0)
+    return {
+        **{f"{key}_s": round(value, 3) for key, value in seconds.items()},
+        "samples": samples,
+        "samples_per_s": round(samples / train, 1) if train > 0 else 0.0,
+    }
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The "where the time went" block printed at the end of `train`."""
     lines = [
@@ -178,6 +204,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         ),
         f"  total      {summary['wall_s']:9.2f} s  ({summary['samples_per_s']:.0f} samples/s)",
     ]
+    if whole := summary.get("whole_run"):
+        lines.append(
+            f"  whole run  {whole['wall_s']:9.2f} s  ({whole['samples_per_s']:.0f} samples/s, "
+            "all segments)"
+        )
     if "peak_gpu_mem_gib" in summary:
         lines.append(f"  peak GPU memory {summary['peak_gpu_mem_gib']:.2f} GiB")
     if "gpu_util_mean_pct" in summary:

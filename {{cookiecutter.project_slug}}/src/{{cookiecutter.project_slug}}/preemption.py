@@ -15,6 +15,9 @@ from contextlib import contextmanager
 EXIT_REQUEUE = 3
 """Exit code of `train` meaning: checkpoint written after a stop signal, please requeue."""
 
+EXIT_DIVERGED = 4
+"""Exit code of `train` meaning: the loss or weights became NaN/inf; last finite checkpoint kept."""
+
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
 
@@ -37,14 +40,19 @@ class StopRequest:
 
 @contextmanager
 def catch_stop_signals() -> Iterator[StopRequest]:
-    """Install the flag-setting handlers for the duration of a training run, then restore."""
+    """Install the flag-setting handlers for the duration of a training run, then restore.
+
+    Once a stop signal arrived they are not restored: Slurm repeats its signals, and a second
+    one arriving between the checkpoint and the exit would otherwise kill the process with
+    the default action, hiding the exit code the job script requeues on.
+    """
     request = StopRequest()
     previous = {sig: signal.signal(sig, request.handle) for sig in STOP_SIGNALS}
     try:
         yield request
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if request.requested else handler)
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:

@@ -48,13 +48,35 @@ def autocast_dtype(precision: str, device: torch.device, strict: bool = True) ->
     (`strict`) and plain fp32 when only evaluating a run trained in fp16.
     """
     if precision == "auto":
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if cuda_bf16 else None
+        return torch.bfloat16 if device.type == "cuda" and native_bf16(device) else None
     if precision == "fp16" and device.type != "cuda":
         if not strict:
             return None
         raise ConfigError("train.precision: fp16 needs a CUDA device (use bf16 or fp32)")
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
+def fits_in_memory(nbytes: int, max_gb: float, device: torch.device) -> bool:
+    """`data.in_memory = "auto"`: the train set fits under `max_gb` and half the free GPU memory.
+
+    On a GPU the batches are sliced from a copy of the train set in GPU memory; the other half
+    stays for the model and activations. On the CPU the tensors are in memory already.
+    """
+    if nbytes > max_gb * 1e9:
+        return False
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return nbytes <= free / 2
+    return True
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether the GPU computes bf16 in hardware (compute capability 8.0, Ampere, or newer).
+
+    `torch.cuda.is_bf16_supported()` also counts emulation (V100, T4), where bf16 is slower
+    than fp32.
+    """
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def configure_backends(deterministic: bool) -> None:
@@ -69,7 +91,9 @@ def configure_backends(deterministic: bool) -> None:
         # cuBLAS needs this workspace setting to be deterministic; it must be set before the
         # first cuBLAS call, which is why it is set here and not later.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    # warn_only: a few CUDA kernels have no deterministic version (e.g. the backward of
+    # AdaptiveAvgPool2d in the CNN); PyTorch then warns once instead of stopping the run.
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 def seed_everything(seed: int) -> None:

@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -29,15 +29,16 @@ from . import checkpoint, distributed, names, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import stage
-from .errors import ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError
 from .evaluate import split_sums
-from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields
+from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
-from .preemption import EXIT_REQUEUE, StopRequest, catch_stop_signals
+from .preemption import EXIT_DIVERGED, EXIT_REQUEUE, StopRequest, catch_stop_signals
 from .runtime import (
     autocast_dtype,
     configure_backends,
     default_workers,
+    fits_in_memory,
     limit_threads,
     pick_device,
     seed_everything,
@@ -99,7 +100,8 @@ def rng_state(device: torch.device) -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+        # This process's GPU only: the next start may see fewer GPUs (one per task).
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
 
 
@@ -109,8 +111,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])  # on the current device
 
 
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -136,6 +138,8 @@ def train(
     settings = settings or get_settings()
     task = task or load_task(cfg, settings)
     denv = distributed.resolve_env()
+    if hint := distributed.warn_unlaunched(os.environ, denv):
+        print(f"warning: {hint}", flush=True)
     configure_backends(cfg.run.deterministic)
     limit_threads(denv)
     device = pick_device(cfg.train.device, denv)
@@ -177,6 +181,23 @@ def _load_checked(
     return task.datasets(data_dir)
 
 
+def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device) -> bool:
+    """Whether batches are sliced from tensors on the device (`data.in_memory`)."""
+    nbytes = tensor_bytes(train_set)
+    if cfg.data.in_memory == "yes" and nbytes is None:
+        raise ConfigError(
+            f"data.in_memory = 'yes' needs a TensorDataset; task {task_name}'s train set "
+            f"is a {type(train_set).__name__}: use 'auto' or 'no'"
+        )
+    return nbytes is not None and (
+        cfg.data.in_memory == "yes"
+        or (
+            cfg.data.in_memory == "auto"
+            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device)
+        )
+    )
+
+
 class Trainer:
     """State of one training process; `run` is the loop.
 
@@ -207,26 +228,22 @@ class Trainer:
         for split in ("train", "val"):
             check_first_sample(datasets.get(split), f"task {task.name}: {split} data set")
         train_set = datasets.train
-        nbytes = tensor_bytes(train_set)
-        if cfg.data.in_memory == "yes" and nbytes is None:
-            raise ConfigError(
-                f"data.in_memory = 'yes' needs a TensorDataset; task {task.name}'s train set "
-                f"is a {type(train_set).__name__}: use 'auto' or 'no'"
-            )
-        self.in_memory = nbytes is not None and (
-            cfg.data.in_memory == "yes"
-            or (cfg.data.in_memory == "auto" and nbytes <= cfg.data.in_memory_max_gb * 1e9)
-        )
+        self.in_memory = _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
-        batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
-        self.steps_per_epoch = batches_per_epoch // self.accum
+        self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
+        self.steps_per_epoch = self.batches_per_epoch // self.accum
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
                 f"{self.accum} accumulation steps exceeds the {size(train_set)} training samples"
             )
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
+        if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
+            raise ConfigError(
+                f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
+                f"(one of {list(task.metrics)})"
+            )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -259,8 +276,14 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
 
+        self.log_every = cfg.run.log_every_steps
         self.pos = Position()
+        self.nonfinite_windows = 0  # logging windows in a row with a NaN/inf loss
+        self.grad_norm: torch.Tensor | None = None
+        self.best: float | None = None  # best value of run.best_metric so far
+        self.earlier: dict[str, float] = {}  # seconds per activity of the earlier segments
         self.timers = Timers()
+        self._held = ExitStack()  # the run directory's lock
         self.saved_step, self.saved_time = -1, time.monotonic()
         self.metrics: MetricsLog | None = None
         self.last_val: dict[str, float] = {}
@@ -278,16 +301,26 @@ class Trainer:
         )
 
     def __enter__(self) -> "Trainer":
-        """Nothing to start: the batches exist already."""
+        """Lock the run directory (rank 0; every rank learns whether that worked)."""
+        problem = None
+        if self.denv.is_main:
+            try:
+                self._held.enter_context(checkpoint.lock_run_dir(self.run_dir))
+            except ConfigError as err:
+                problem = str(err)
+        if problem := distributed.broadcast_object(problem):
+            self.batches.close()
+            raise ConfigError(problem)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        """Shut the DataLoader workers down (also after an exception or a stop signal)."""
+        """Shut the DataLoader workers down and unlock (also after an exception or a signal)."""
         self.batches.close()
         # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
         # it is not the group's last owner: gloo's destructor joins threads that may need the
         # GIL, and in a reducer's teardown that deadlocked the process at exit.
         self.model = self.net
+        self._held.close()
 
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
@@ -307,11 +340,50 @@ class Trainer:
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        self.load_optimizer(state)
         self.pos = Position(**state["position"])
         self.saved_step = self.pos.step
+        self.best, self.earlier = state.get("best"), state.get("seconds", {})
+        self.restore_order(state)
+        for change in _config_changes(state["config"], to_dict(self.cfg)):
+            self.say(f"note: config changed since the checkpoint, applies from here: {change}")
+        self.say(
+            f"run {self.name}: resumed from step {self.pos.step} "
+            f"(epoch {self.pos.epoch}, batch {self.pos.batch})"
+        )
+        return True
+
+    def load_optimizer(self, state: dict[str, Any]) -> None:
+        """Optimizer, schedule and scaler state from `state`, with this config's lr and decay.
+
+        The saved state carries the learning rate and weight decay of the first segment; the
+        values the task's parameter groups got from this configuration replace them, so a
+        changed `train.lr` or `train.weight_decay` applies from the resumed step on.
+        """
+        fresh = [(g["initial_lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
+            raise CheckpointError(
+                f"run {self.name}'s checkpoint: the optimizer state does not fit ({err}); "
+                "were the task's parameter groups changed? use another run.name"
+            ) from None
+        self.scaler.load_state_dict(state["scaler"])
+        self.scheduler.base_lrs = [lr for lr, _ in fresh]
+        for group, (lr, decay), factor in zip(
+            self.optimizer.param_groups, fresh, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["initial_lr"], group["weight_decay"] = lr, decay
+            group["lr"] = lr * factor(self.scheduler.last_epoch)
+
+    def restore_order(self, state: dict[str, Any]) -> None:
+        """The random state and position within the epoch after the checkpoint's step.
+
+        Unchanged process count and batch size: the exact random state and sample order.
+        Otherwise the position moves to the same share of the epoch. A changed accumulation
+        keeps the order; when less than one full step is left the next epoch begins.
+        """
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
@@ -319,15 +391,8 @@ class Trainer:
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
             self.say("warning: process count or batch size changed; this epoch's order changes")
-            if self.pos.batch >= self.steps_per_epoch * self.accum:  # no full step left
-                self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
-        for change in _config_changes(state["config"], to_dict(self.cfg)):
-            self.say(f"note: config changed since the checkpoint: {change}")
-        self.say(
-            f"run {self.name}: resumed from step {self.pos.step} "
-            f"(epoch {self.pos.epoch}, batch {self.pos.batch})"
-        )
-        return True
+        if self.pos.batch + self.accum > self.batches_per_epoch:  # no full step left
+            self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
 
     def load_initial_weights(self, path: Path) -> None:
         """`model.init_from`: a state dict (or a checkpoint with one) for the task's target."""
@@ -348,11 +413,24 @@ class Trainer:
         )
         self.say(f"initial weights from {path}")
 
-    def save_checkpoint(self) -> None:
-        """Write a checkpoint for the current step (every rank calls this)."""
+    def weights_finite(self) -> bool:
+        """Whether every weight is finite (the same on every rank: DDP keeps them equal)."""
+        params = [p.detach() for p in self.net.parameters()]
+        return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+    def save_checkpoint(self) -> bool:
+        """Write a checkpoint for the current step (every rank calls this).
+
+        Returns False, writing nothing, when the weights are no longer finite: the last
+        finite checkpoint is never replaced by a diverged one.
+        """
+        if self.saved_step == self.pos.step:
+            return True
+        if not self.weights_finite():
+            return False
         start = time.perf_counter()
         rngs = distributed.gather_objects(rng_state(self.device))
-        if self.denv.is_main and self.saved_step != self.pos.step:
+        if self.denv.is_main:
             state = {
                 "model": self.net.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -363,11 +441,14 @@ class Trainer:
                 "world_size": self.denv.world_size,
                 "batch_size": self.cfg.train.batch_size,
                 "config": to_dict(self.cfg),
+                "best": self.best,
+                "seconds": self.run_seconds(),
             }
             checkpoint.save(state, self.ckpt_dir, self.pos.step, self.cfg.run.keep_checkpoints)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
         distributed.barrier()
         self.timers.add("checkpoint", start)
+        return True
 
     # --- one step -----------------------------------------------------------------------
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
@@ -386,11 +467,20 @@ class Trainer:
             self.scaler.scale(loss / self.accum if self.accum > 1 else loss).backward()
         return loss.detach()
 
-    def optimizer_step(self) -> None:
-        """Clip, step, clear gradients, advance the schedule and the position."""
+    def optimizer_step(self, log_now: bool) -> None:
+        """Clip, step, clear gradients, advance the schedule and the position.
+
+        The gradient norm is kept for the log (`log_now`); it stays on the device until then.
+        """
         if self.cfg.train.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.train.grad_clip)
+            self.grad_norm = nn.utils.clip_grad_norm_(
+                self.net.parameters(), self.cfg.train.grad_clip
+            )
+        elif log_now:
+            self.scaler.unscale_(self.optimizer)
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+            self.grad_norm = nn.utils.get_total_norm(grads)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -412,6 +502,7 @@ class Trainer:
             workers=self.workers,
         )
         self.last_val = self.task.summarize(self.last_sums)
+        self.keep_best()
         self.timers.add("eval", start)
         if self.metrics is not None:
             self.metrics.write(
@@ -422,23 +513,47 @@ class Trainer:
                 elapsed_s=round(time.perf_counter() - self.timers.start, 3),
             )
 
+    def keep_best(self) -> None:
+        """`run.best_metric`: rank 0 writes the weights to best.pt when the metric improved."""
+        name = self.cfg.run.best_metric
+        value = self.last_val.get(name, math.nan) if name else math.nan
+        if not math.isfinite(value):
+            return
+        lower = self.cfg.run.best_mode == "min"
+        if self.best is not None and not (value < self.best if lower else value > self.best):
+            return  # only a strict improvement replaces the best
+        self.best = value
+        if self.denv.is_main:
+            best = {"model": self.net.state_dict(), "step": self.pos.step, name: value}
+            checkpoint.save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
+
+    def run_seconds(self) -> dict[str, float]:
+        """Seconds per activity (and wall) of the whole run so far: earlier segments and this."""
+        now = {"wall": time.perf_counter() - self.timers.start, **self.timers.seconds}
+        return {key: self.earlier.get(key, 0.0) + value for key, value in now.items()}
+
     def decide(self, stop_requested: bool, epoch_done: bool, segment_steps: int) -> str:
-        """After a step: checkpoint if due; return "stop", "segment" or "" (continue)."""
+        """After a step: checkpoint if due; return "stop", "segment", "diverged" or ""."""
         minutes, every = self.cfg.run.checkpoint_every_minutes, self.cfg.run.checkpoint_every_steps
-        # One all-reduce makes every rank take the same decision at the same step.
-        stop, time_due = distributed.any_rank(
-            [
-                stop_requested,
-                minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes,
-            ],
-            self.device,
-        )
         segment = (
             0 < self.cfg.run.max_steps_this_segment <= segment_steps
             and self.pos.step < self.total_steps
         )
-        if epoch_done or stop or time_due or segment or (every > 0 and self.pos.step % every == 0):
-            self.save_checkpoint()
+        planned = epoch_done or segment or (every > 0 and self.pos.step % every == 0)
+        stop = time_due = False
+        # Several processes agree with one all-reduce, a host sync: only at logging steps
+        # (which sync anyway) and planned checkpoints, so the CPU can run ahead of the GPU
+        # in between; a stop signal then waits at most run.log_every_steps steps.
+        if not self.denv.distributed or planned or self.pos.step % self.log_every == 0:
+            stop, time_due = distributed.any_rank(
+                [
+                    stop_requested,
+                    minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes,
+                ],
+                self.device,
+            )
+        if (planned or stop or time_due) and not self.save_checkpoint():
+            return "diverged"
         if stop and self.pos.step < self.total_steps:  # a signal after the last step: done
             return "stop"
         return "segment" if segment else ""
@@ -470,19 +585,26 @@ class Trainer:
         self.timers, first_samples = Timers(), self.pos.samples
         outcome, segment_steps = self._loop(progress, stop)
         progress.close()
-        self.save_checkpoint()  # no-op when this step is saved already
+        if outcome != "diverged" and not self.save_checkpoint():  # no-op when saved already
+            outcome = "diverged"
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
-        if outcome == "stop":
+        if outcome == "diverged":
+            kept = f"step {self.saved_step}" if self.saved_step >= 0 else "none"
             self.say(
-                f"stop signal ({stop.signal_name or 'on another rank'}): checkpoint at step "
-                f"{self.pos.step} written, exit {EXIT_REQUEUE} (requeue)"
+                f"error: the loss or the weights became NaN/inf by step {self.pos.step}; "
+                f"stopped with exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
+                "(lower train.lr, or raise train.nonfinite_patience)"
             )
+        elif outcome == "stop":
+            self.say(self.stop_message(stop))
         elif outcome == "segment":
             self.say(f"segment done at step {self.pos.step}; the next start resumes")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
-        status = {"stop": "stopped", "segment": "segment"}.get(outcome, "finished")
+        status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
+            outcome, "finished"
+        )
         summary = {
             "run": self.name,
             "status": status,
@@ -492,16 +614,29 @@ class Trainer:
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
+            "whole_run": whole_run(self.run_seconds(), self.pos.samples),
         }
         if self.denv.is_main:
             self.report(summary)
-        return Result(EXIT_REQUEUE if outcome == "stop" else 0, self.run_dir, summary)
+        code = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED}.get(outcome, 0)
+        return Result(code, self.run_dir, summary)
+
+    def stop_message(self, stop: StopRequest) -> str:
+        """What follows a stop: the job script requeues after USR1 and after a preemption."""
+        name = stop.signal_name or "on another rank"
+        done = f"stop signal ({name}): checkpoint at step {self.pos.step} written, exit"
+        if stop.signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
+            return (
+                f"{done} {EXIT_REQUEUE}; the job script requeues a preempted job, not a "
+                f"cancelled one: start run.name={self.name} again to resume that"
+            )
+        return f"{done} {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
-        """Epochs and steps; returns the outcome ("", "stop", "segment") and steps done."""
+        """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
         loss_sum, loss_count = torch.zeros((), device=self.device), 0
-        log_every = self.cfg.run.log_every_steps
+        log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
@@ -516,28 +651,35 @@ class Trainer:
                     tick = self.timers.add("compute", tick)
                     continue
                 micro = 0
-                self.optimizer_step()
+                log_now = (self.pos.step + 1) % log_every == 0
+                self.optimizer_step(log_now)
                 segment_steps += 1
-                tick = self.timers.add("compute", tick)
-
                 stats = None
-                if self.pos.step % log_every == 0:
+                if log_now:  # wait for the GPU here only, so the time lands in "compute"
+                    tick = self.timers.synchronized("compute", tick, self.device)
                     stats = {
-                        "loss": loss_sum.item() / loss_count,
+                        "loss": self.mean_loss(loss_sum, loss_count),
                         "lr": self.optimizer.param_groups[0]["lr"],
                         **self.named_lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
+                    if self.grad_norm is not None:
+                        stats["grad_norm"] = self.grad_norm.item()
                     loss_sum.zero_()
                     loss_count, seen, clock = 0, self.pos.samples, tick
                     self.log_train(stats)
+                    if self.diverged(stats["loss"]):
+                        return "diverged", segment_steps
+                else:
+                    tick = self.timers.add("compute", tick)
                 progress.update(self.pos.step, self.pos.epoch, stats)
 
                 epoch_done = self.pos.batch >= self.steps_per_epoch * self.accum
-                if epoch_done:
+                if epoch_done or (val_every > 0 and self.pos.step % val_every == 0):
                     self.validate()
                     values = " ".join(f"{k} {v:.4f}" for k, v in self.last_val.items())
                     progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
+                if epoch_done:
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
                 if outcome := self.decide(stop.requested, epoch_done, segment_steps):
                     return outcome, segment_steps
@@ -545,8 +687,19 @@ class Trainer:
                     break
                 tick = time.perf_counter()
             else:  # batches ran out before the epoch's last step: never retry the same epoch
+                self.optimizer.zero_grad(set_to_none=True)  # no partial step into the next
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
+
+    def mean_loss(self, loss_sum: torch.Tensor, count: int) -> float:
+        """The mean training loss since the last log, over all processes (one all-reduce)."""
+        total = distributed.sum_tensors({"loss": loss_sum}, self.denv, self.device)["loss"]
+        return total.item() / (count * self.denv.world_size)
+
+    def diverged(self, loss: float) -> bool:
+        """Count logging windows with a NaN/inf loss; True after `train.nonfinite_patience`."""
+        self.nonfinite_windows = 0 if math.isfinite(loss) else self.nonfinite_windows + 1
+        return self.nonfinite_windows > self.cfg.train.nonfinite_patience
 
     def named_lrs(self) -> dict[str, float]:
         """The current learning rate of each named parameter group."""

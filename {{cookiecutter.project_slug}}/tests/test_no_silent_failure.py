@@ -1,0 +1,173 @@
+"""Failures say so: a diverged loss, a busy run directory, repeated stop signals."""
+
+import csv
+import errno
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PACKAGE, blobs, cli_env, pkg
+
+trainer = pkg("trainer")
+checkpoint = pkg("checkpoint")
+preemption = pkg("preemption")
+ConfigError = pkg("errors").ConfigError
+
+FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
+
+
+def test_a_diverged_loss_stops_with_its_own_code_and_keeps_finite_checkpoints(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = blobs(*FAST, "run.name=nan", "run.log_every_steps=5", "run.checkpoint_every_steps=5")
+    loss, calls = task.loss, []
+
+    def poisoned(model: torch.nn.Module, batch: object) -> torch.Tensor:
+        calls.append(1)
+        value = loss(model, batch)
+        return value * math.nan if len(calls) > 12 else value  # NaN from step 13 on
+
+    task.loss = poisoned
+    result = trainer.train(task.cfg, task)
+    assert result.exit_code == preemption.EXIT_DIVERGED == 4
+    assert result.summary["status"] == "diverged"
+    out = capsys.readouterr().out
+    assert "the last finite checkpoint is step 10" in out
+    saved = checkpoint.list_checkpoints(project / "runs" / "nan" / "checkpoints")
+    assert [step for step, _ in saved] == [5, 10]
+    for _, path in saved:
+        assert all(torch.isfinite(w).all() for w in checkpoint.load(path)["model"].values())
+
+
+def test_nonfinite_patience_tolerates_single_windows(project: Path) -> None:
+    task = blobs(*FAST, "run.name=spike", "run.log_every_steps=1", "train.nonfinite_patience=1")
+    loss, calls = task.loss, []
+
+    def spike(model: torch.nn.Module, batch: object) -> torch.Tensor:
+        calls.append(1)
+        # One NaN loss that does not reach the weights (its gradient is zero).
+        return loss(model, batch) + (math.nan if len(calls) == 3 else 0.0)
+
+    task.loss = spike
+    result = trainer.train(task.cfg, task)
+    assert result.summary["status"] == "finished"
+
+
+def test_a_second_stop_signal_after_the_checkpoint_does_not_kill_the_process() -> None:
+    code = (
+        f"import os, signal\nfrom {PACKAGE}.preemption import catch_stop_signals\n"
+        "with catch_stop_signals():\n    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "for sig in (signal.SIGUSR1, signal.SIGTERM):\n    os.kill(os.getpid(), sig)\n"
+        "print('alive')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=cli_env(Path.cwd()),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (out.returncode, out.stdout) == (0, "alive\n"), out.stderr
+
+
+def test_without_a_stop_signal_the_previous_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with preemption.catch_stop_signals():
+        pass
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) -> None:
+    run_dir = project / "runs" / "busy"
+    code = (
+        f"import sys, time\nfrom pathlib import Path\nfrom {PACKAGE}.checkpoint import "
+        f"lock_run_dir\nwith lock_run_dir(Path({str(run_dir)!r})):\n"
+        "    print('held', flush=True)\n    sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=cli_env(project),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        task = blobs(*FAST, "run.name=busy", "train.epochs=1")
+        with pytest.raises(ConfigError, match=rf"in use by pid {holder.pid} on "):
+            trainer.train(task.cfg, task)
+        assert not (run_dir / "checkpoints").exists()
+    finally:
+        holder.communicate("")
+    assert trainer.train(task.cfg, task).exit_code == 0  # the lock goes with its holder
+
+
+def test_metrics_history_survives_a_failure_while_resuming(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = project / "runs" / "hist"
+    run_dir.mkdir(parents=True)
+    fields = ("step", "epoch", "phase", "loss")
+    log = pkg("observe").MetricsLog(run_dir, "csv", 0, fields)
+    for step in (1, 2, 3):
+        log.write(step=step, epoch=0, phase="train", loss=1.0)
+    log.close()
+
+    def killed(*_args: object) -> None:
+        raise KeyboardInterrupt  # stands for a kill while the history is rewritten
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pkg("observe").MetricsLog(run_dir, "csv", 2, fields)
+    with (run_dir / "metrics.csv").open() as f:
+        assert [r["step"] for r in csv.DictReader(f)] == ["1", "2", "3"]
+
+
+def test_a_bare_start_in_a_multi_task_job_says_so(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    task = blobs(*FAST, "run.name=bare", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    assert "warning: SLURM_NTASKS=2 but this process was not started by srun" in (
+        capsys.readouterr().out
+    )
+
+
+def test_fsync_refused_on_a_directory_is_tolerated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if Path(f"/proc/self/fd/{fd}").is_dir():
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoint.save_atomic({"a": torch.ones(2)}, tmp_path / "x.pt")
+    assert torch.equal(checkpoint.load(tmp_path / "x.pt")["a"], torch.ones(2))
+
+
+def test_auto_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, cuda = pkg("runtime"), torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_a, **_k: True)  # emulated
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_a: (7, 0))  # V100
+    assert runtime.autocast_dtype("auto", cuda) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_a: (8, 0))  # A100
+    assert runtime.autocast_dtype("auto", cuda) is torch.bfloat16
+
+
+def test_in_memory_auto_leaves_gpu_memory_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, cuda = pkg("runtime"), torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (3 * 10**9, 80 * 10**9))
+    assert runtime.fits_in_memory(10**9, 4.0, cuda)
+    assert not runtime.fits_in_memory(2 * 10**9, 4.0, cuda)  # more than half the free memory
+    assert runtime.fits_in_memory(2 * 10**9, 4.0, torch.device("cpu"))

@@ -1,0 +1,104 @@
+"""What may change between segments of a run, what is refused, and what is said about it."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import blobs, pkg
+
+trainer = pkg("trainer")
+checkpoint = pkg("checkpoint")
+CheckpointError = pkg("errors").CheckpointError
+
+FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=1", "data.verify_raw=false"]
+CONSTANT = ["train.schedule=constant", "train.warmup_steps=0", "train.batch_size=32"]
+
+
+def train(*overrides: str, **options: object):
+    task = blobs(*FAST, *overrides, **options)
+    return trainer.train(task.cfg, task)
+
+
+def logged_lrs(run_dir: Path) -> dict[int, float]:
+    with (run_dir / "metrics.csv").open() as f:
+        return {int(r["step"]): float(r["lr"]) for r in csv.DictReader(f) if r["phase"] == "train"}
+
+
+def test_changed_lr_and_weight_decay_apply_from_the_resumed_step(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = ["run.name=lr", *CONSTANT, "train.epochs=1"]
+    train(*first, "train.lr=0.01", "run.max_steps_this_segment=3")
+    capsys.readouterr()
+    train(*first, "train.lr=0.02", "train.weight_decay=0.05")
+    out = capsys.readouterr().out
+    assert "train.lr: 0.01 -> 0.02" in out
+    assert "train.weight_decay: 0.01 -> 0.05" in out
+    lrs = logged_lrs(project / "runs" / "lr")
+    assert [lrs[s] for s in (1, 2, 3)] == [0.01] * 3
+    assert {lrs[s] for s in range(4, 14)} == {0.02}
+    state = checkpoint.load_latest(project / "runs" / "lr" / "checkpoints")
+    decays = [g["weight_decay"] for g in state["optimizer"]["param_groups"]]
+    assert decays == [0.05, 0.0]  # the second group: parameters without decay
+
+
+def test_unchanged_config_reports_no_change(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["run.name=same", *CONSTANT, "train.epochs=1", "run.max_steps_this_segment=3"]
+    train(*args)
+    train(*args)
+    assert "config changed" not in capsys.readouterr().out
+
+
+def test_config_sections_added_since_the_checkpoint_are_reported() -> None:
+    old = {"train": {"lr": 0.1}}
+    new = {"train": {"lr": 0.1}, "extra": {"k": 1}}
+    assert trainer._config_changes(old, new) == ["extra.k: None -> 1"]
+
+
+def test_changed_accumulation_never_carries_gradients_into_the_next_epoch(project: Path) -> None:
+    # 13 batches of 32 per epoch. After 5 single-batch steps, steps of 3 batches cover
+    # batches 5-7, 8-10 and leave 11-12: those two must not reach the next epoch's first step.
+    args = ["run.name=accum", "train.batch_size=32", "train.epochs=2"]
+    train(*args, "run.max_steps_this_segment=5")
+    task = blobs(*FAST, *args, "train.grad_accum_steps=3")
+    left_over = []
+    start_epoch = task.on_epoch_start
+
+    def record(model: torch.nn.Module, epoch: int) -> None:
+        left_over.append(any(p.grad is not None for p in model.parameters()))
+        start_epoch(model, epoch)
+
+    task.on_epoch_start = record
+    result = trainer.train(task.cfg, task)
+    assert result.summary["status"] == "finished"
+    assert left_over == [False, False]  # epochs 0 (resumed) and 1
+    assert result.summary["step"] == 5 + 2 + 4
+
+
+def test_changed_parameter_groups_are_one_line(project: Path) -> None:
+    args = ["run.name=groups", "train.batch_size=32", "train.epochs=1"]
+    train(*args, "run.max_steps_this_segment=2")
+    with pytest.raises(CheckpointError, match="parameter groups changed"):
+        train(*args, first_lr=0.01)
+
+
+def test_changed_model_under_the_same_run_name_is_one_line(project: Path) -> None:
+    args = ["run.name=model", "train.batch_size=32", "train.epochs=1"]
+    train(*args, "model.hidden=32", "run.max_steps_this_segment=2")
+    with pytest.raises(CheckpointError, match=r"weights do not fit .* was the model"):
+        train(*args, "model.hidden=16")
+
+
+def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
+    train("run.name=half", "train.batch_size=32", "train.epochs=1")
+    run_dir = project / "runs" / "half"
+    [(_, path)] = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1:]
+    state = checkpoint.load(path)
+    state["config"]["train"]["precision"] = "fp16"  # as written by a run on a GPU
+    checkpoint.save_atomic(state, path)
+    result = pkg("evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
+    assert result["accuracy"] > 0.5
