@@ -52,7 +52,8 @@ class ShardReader:
     def __init__(self, folder: Path, split: str) -> None:
         """Read the split's index (small); the shards stay closed until read."""
         self.folder, self.split = folder, split
-        index = torch.load(folder / f"{split}.index.pt", map_location="cpu", weights_only=True)
+        index_file = folder / f"{split}.index.pt"
+        index = torch.load(index_file, map_location="cpu", weights_only=True, mmap=True)
         self.shard = index["shard"].tolist()
         self.offset = index["offset"].tolist()
         self.length = index["length"].tolist()
