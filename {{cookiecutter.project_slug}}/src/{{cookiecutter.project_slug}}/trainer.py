@@ -274,6 +274,7 @@ class Trainer:
         self.timers = Timers()
         self.saved_step, self.saved_time = -1, time.monotonic()
         self.metrics: MetricsLog | None = None
+        self.tracker_saved: dict[str, str] | None = None  # W&B/MLflow run to continue
         self.last_val: dict[str, float] = {}
 
     # --- checkpoints --------------------------------------------------------------------
@@ -291,6 +292,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
+        self.tracker_saved = state.get("tracker")
         self.saved_step = self.pos.step
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
         if state["world_size"] == world and state["batch_size"] == batch_size:
@@ -324,6 +326,7 @@ class Trainer:
                 "world_size": self.denv.world_size,
                 "batch_size": self.cfg.train.batch_size,
                 "config": to_dict(self.cfg),
+                "tracker": self.metrics.tracker_state() if self.metrics else None,
             }
             checkpoint.save(state, self.ckpt_dir, self.pos.step, self.cfg.run.keep_checkpoints)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
@@ -406,7 +409,13 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
-            self.metrics = MetricsLog(self.run_dir, self.cfg.run.tracking, self.pos.step)
+            self.metrics = MetricsLog(
+                self.run_dir,
+                self.cfg.run.tracking,
+                self.pos.step,
+                to_dict(self.cfg),
+                self.tracker_saved,
+            )
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
         self.say(
             f"run {self.name}: {self.denv.world_size} process(es) via {self.denv.launcher}, "
@@ -516,7 +525,7 @@ class Trainer:
     def report(self, summary: dict[str, Any]) -> None:
         """Rank 0: summary.json, the time report, and figures when the run is finished."""
         assert self.metrics is not None  # created on rank 0
-        self.metrics.close()
+        self.metrics.close(summary)
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2) + "\n", encoding="utf-8"
         )
