@@ -42,7 +42,7 @@ def test_overrides_are_typed() -> None:
     ("override", "message"),
     [
         ("train.epoch=3", "unknown config key 'train.epoch'"),
-        ("trian.epochs=3", "unknown config key 'trian.epochs'"),
+        ("trian.epochs=3", "unknown config key 'trian.epochs'"),  # codespell:ignore trian
         ("epochs=3", "unknown config key 'epochs'"),
         ("train.epochs=three", "train.epochs: expected int, got 'three'"),
         ("train.epochs=0", "train.epochs: must be > 0"),

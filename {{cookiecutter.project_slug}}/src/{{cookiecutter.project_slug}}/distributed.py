@@ -155,7 +155,7 @@ def shutdown() -> None:
 
 
 def _active() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def barrier() -> None:
@@ -183,7 +183,8 @@ def sum_across(values: list[float], denv: DistEnv, device: torch.device) -> list
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
-    return tensor.tolist()
+    summed: list[float] = tensor.tolist()
+    return summed
 
 
 def gather_objects(obj: Any) -> list[Any]:
