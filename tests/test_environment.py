@@ -293,7 +293,7 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         return done.stdout
 
     install = dry("install")
-    assert f"{env_dir(answers)}/bin/python" in install or f"--prefix {env_dir(answers)}" in install
+    assert f"{env_dir(answers)}/bin/" in install or f"--prefix {env_dir(answers)}" in install
     extra = "" if answers["tracking"] == "csv" else answers["tracking"]
     if answers["environment"] == "conda":
         assert "--file environment.yml" in install
