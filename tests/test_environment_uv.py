@@ -8,6 +8,7 @@ no CUDA build is ever downloaded. Other packages come from PyPI through uv's cac
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -106,3 +107,28 @@ def test_lint_passes_with_the_lock_committed(
     for name in ("mypy (types)", "codespell (spelling)", "ruff check"):
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith(name)), "")
         assert line.endswith("Passed"), f"{name}: {line or 'did not run'}"
+
+
+@pytest.mark.slurm
+def test_job_on_local_slurm_runs_in_the_synced_venv_and_tracks_offline(
+    installed: tuple[Path, dict[str, str | None], float],
+) -> None:
+    """One training job of the uv project: common.sh activates .venv; W&B stays offline."""
+    from slurm.localslurm import temporary_cluster  # noqa: PLC0415  (only this test needs it)
+    from slurm.project import JobProject, require_slurm  # noqa: PLC0415
+
+    require_slurm()
+    project, _, _ = installed
+    with temporary_cluster("slurm-uv-") as cluster:
+        proj = JobProject(project, cluster)
+        proj.cli("prepare")
+        args = ("train.epochs=1", "run.figures=false", "run.name=uvjob")
+        job = proj.sbatch("slurm/train.sbatch", *args)
+        info = proj.finished(job)
+        log = proj.log(f"{proj.slug}-{job}")
+        assert info["JobState"] == "COMPLETED", log
+    assert f"launch: srun python -m {proj.slug} train" in log
+    state = project / "runs" / "uvjob"
+    assert json.loads((state / "summary.json").read_text())["status"] == "finished"
+    folders = list((state / "wandb").glob("offline-run-*"))  # tracking=wandb, offline
+    assert len(folders) == 1, folders
