@@ -12,7 +12,7 @@ DEMO := build/demo
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test sync bench clean
+.PHONY: help demo test sync bench release clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -41,6 +41,13 @@ test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generat
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
 	$(BIN)/python tools/gen_options_doc.py
+
+release: ## Tag the version in cookiecutter.json: changelog entry, tests, tag (SKIP_TESTS=1: no tests)
+	$(PYTHON) tools/release.py check
+ifndef SKIP_TESTS
+	$(MAKE) test
+endif
+	$(PYTHON) tools/release.py tag
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 from engines import Bake, bake
 
 ROOT = Path(__file__).resolve().parent.parent
+# The working tree stands for the release it declares (the template version, one source).
+RELEASE = "v" + json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_template_version"]
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -25,11 +28,11 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
+def snapshot_template(dest: Path, tag: str | None = RELEASE) -> Path:
     """Copy the template's source files (tracked or new, never ignored) into a fresh repo.
 
     copier and cruft read a template from git, so the tests give them a repository that
-    holds exactly the working tree, tagged like a release.
+    holds exactly the working tree, tagged like a release (no tag with ``tag=None``).
     """
     listed = (
         subprocess.run(
@@ -51,7 +54,8 @@ def snapshot_template(dest: Path, tag: str = "v0.1.0") -> Path:
     # -f: the generated project's own .gitignore (e.g. data/raw) must not hide template files.
     git(dest, "add", "-A", "-f")
     git(dest, "commit", "-q", "-m", "template snapshot")
-    git(dest, "tag", tag)
+    if tag:
+        git(dest, "tag", tag)
     return dest
 
 

@@ -1,12 +1,14 @@
 """Docs as tests: run the tutorial's tested steps in order on a freshly generated project.
 
 In docs/tutorial.md a code block after `<!-- run -->` is executed (bash, in the folder the
-previous block ended in), and a `text` block after `<!-- expect -->` holds output that must
-appear: each of its non-empty lines, in order, inside the output lines (stdout and stderr
-together). Numbers match any number and `…` matches anything, so timings, paths and losses
-may differ while the words, the order and the shape must not. Steps that need a cluster
-carry no marker and are not run; the test stands in for the tutorial's environment step by
-putting the project's command on PATH (`python -m <slug>` with `src/` on PYTHONPATH).
+previous block ended in), a code block after `<!-- write PATH -->` is written to PATH (a file
+the page shows in full, e.g. a task module), and a `text` block after `<!-- expect -->` holds
+output that must appear: each of its non-empty lines, in order, inside the output lines
+(stdout and stderr together). Numbers match any number and `…` matches anything, so
+timings, paths and losses may differ while the words, the order and the shape must not.
+Steps that need a cluster carry no marker and are not run; the test stands in for the
+tutorial's environment step by putting the project's command on PATH (`python -m <slug>`
+with `src/` on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engines import Bake
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 RUN, EXPECT = "<!-- run -->", "<!-- expect -->"
+WRITE = re.compile(r"<!-- write (\S+) -->")
 TESTED_TAG = "▶ tested"
 SLUG = "digits_workshop"  # the slug of the tutorial's project name
 STEP_TIMEOUT = 240
@@ -71,6 +74,15 @@ def parse_steps(text: str) -> list[Step]:
             info, body, i = _fenced(lines, i + 1)
             assert info == "bash", f"line {i}: a run block must be bash, not {info!r}"
             steps.append(Step(line=i, section=section, command="\n".join(body)))
+            continue
+        if written := WRITE.fullmatch(line.strip()):
+            path = written.group(1)
+            _, body, i = _fenced(lines, i + 1)
+            text = "\n".join(body)
+            command = (
+                f"mkdir -p \"$(dirname {path})\" && cat > {path} <<'__PAGE__'\n{text}\n__PAGE__"
+            )
+            steps.append(Step(line=i, section=section, command=command))
             continue
         if line.strip() == EXPECT:
             assert steps, f"line {i + 1}: expected output before any run block"
@@ -270,14 +282,14 @@ def test_cluster_output_shown_matches_the_code(default_bake: Bake) -> None:
 HOWTOS = sorted(p for p in (ROOT / "docs" / "howto").glob("*.md") if RUN in p.read_text("utf-8"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("page", HOWTOS, ids=[p.stem for p in HOWTOS])
-def test_howto_runnable_blocks(
-    page: Path, template: Path, default_bake: Bake, tmp_path: Path
-) -> None:
-    steps = parse_steps(page.read_text("utf-8"))
+def run_page(page: Path, template: Path, default_bake: Bake, tmp_path: Path) -> None:
+    """Run a page's blocks in a copy of the default bake (the page may be the bake's own)."""
     project = tmp_path / default_bake.project.name
     shutil.copytree(default_bake.project, project, symlinks=True)
+    if page.is_relative_to(default_bake.project):
+        page = project / page.relative_to(default_bake.project)
+    steps = parse_steps(page.read_text("utf-8"))
+    assert steps, f"{page.name}: no runnable blocks"
     runner = Tutorial(template, tmp_path, steps, project)
     for index, step in enumerate(steps):
         done = runner.run_through(index)
@@ -285,6 +297,24 @@ def test_howto_runnable_blocks(
         assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}"
         missing = missing_lines(step.expected, done.stdout)
         assert not missing, f"{where}: not in the output: {missing}\n--- output\n{done.stdout}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", HOWTOS, ids=[p.stem for p in HOWTOS])
+def test_howto_runnable_blocks(
+    page: Path, template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    run_page(page, template, default_bake, tmp_path)
+
+
+@pytest.mark.slow
+def test_generated_task_guide_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's own guide to writing a task (docs/bring-your-own-task.md)."""
+    run_page(
+        default_bake.project / "docs" / "bring-your-own-task.md", template, default_bake, tmp_path
+    )
 
 
 def test_some_howto_has_runnable_blocks() -> None:

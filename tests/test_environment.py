@@ -32,7 +32,7 @@ from envcases import (
 )
 from packaging.requirements import Requirement
 
-REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit"}
+REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit", "template-status"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -68,7 +68,7 @@ DATA_PATHS = (
     "data/raw/survey.csv",
     "data/raw/batch1/img.png",
     "data/interim/x.parquet",
-    "data/processed/digits.pt",
+    "data/processed/digits/splits.pt",
     "data/external/lexicon.txt",
     "data/.raw-cache.json",
     "data/raw.manifest.tsv",

@@ -105,7 +105,7 @@ def test_local_run_produces_the_outputs(project: Path) -> None:
     runs = json.dumps({"main": "train.epochs=2 run.figures=false"})
     res = snakemake(project, "--cores", "2", "--config", f"runs={runs}")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert (project / "data/processed/digits.pt").is_file()
+    assert (project / "data/processed/digits/SHA256SUMS").is_file()
     summary = json.loads((project / "runs/main/summary.json").read_text())
     assert summary["status"] == "finished"
     evaluation = json.loads((project / "runs/main/evaluation.json").read_text())

@@ -5,7 +5,10 @@ Sources: ``presets/*.toml`` (one file per cluster) and the questions in
 
 * ``cookiecutter.json``: the ``_presets`` data and the ``cluster`` choices (default first);
 * ``copier.yml``: the whole file, question by question (same names, defaults, choices and
-  help texts), with each rule of ``hooks/pre_gen_project.py`` wired in as a validator.
+  help texts), with each rule of ``hooks/pre_gen_project.py`` wired in as a validator, the
+  template version (``_template_version``) and copier's ``_skip_if_exists`` from the files a
+  generated project owns (``_project_owned``, the list cruft reads from the project's
+  pyproject.toml).
 
 Run ``python tools/sync_questions.py`` after changing a preset or a question;
 ``--check`` exits 1 when a mirror is stale (the test suite runs that).
@@ -30,6 +33,19 @@ COPIER_YML = ROOT / "copier.yml"
 DEFAULT_CLUSTER = "grete"
 # cookiecutter's own keys: prompts, and the answers-file name that copier sets itself.
 NOT_DERIVED = {"__prompts__", "__answers"}
+# Plain data under the cookiecutter namespace, handed to copier's namespace as literals.
+LITERALS = ("_template_version", "_project_owned")
+
+
+def copier_skip_patterns(owned: list[str]) -> list[str]:
+    """The project-owned patterns in the form copier reads.
+
+    The list's patterns are relative to the project root (``*`` is one path segment, ``/**``
+    everything below), which is how cruft reads them (``pathlib`` globs). copier matches
+    gitignore-style, where a name without a slash matches at any depth (``README.md`` would
+    also skip ``slurm/README.md``): a leading slash anchors each pattern at the root.
+    """
+    return [f"/{pattern}" for pattern in owned]
 
 
 def load_rules() -> Any:
@@ -72,6 +88,8 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
         # Render every file, like cookiecutter does (copier's default renders only *.jinja).
         "_templates_suffix": "",
         "_answers_file": ".copier-answers.yml",
+        # Files the project owns once generated: an update never overwrites them.
+        "_skip_if_exists": copier_skip_patterns(cookiecutter["_project_owned"]),
         # cookiecutter fails on an undefined name; copier must too, or typos render empty.
         "_envops": {"undefined": "jinja2.StrictUndefined", "keep_trailing_newline": True},
         # The answer rules live in the cookiecutter hook; this loads them as Jinja filters.
@@ -117,6 +135,7 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
     mapping = ", ".join(
         [f"'{n}': {n}" for n in questions]
         + [f"'{n}': ({_copier_default(cookiecutter[n]).strip()[2:-2].strip()})" for n in derived]
+        + [f"'{n}': {json.dumps(cookiecutter[n])}" for n in LITERALS]
     )
     body["cookiecutter"] = {
         "type": "json",

@@ -65,24 +65,45 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-config, data, models, trainer = pkg("config"), pkg("data"), pkg("models"), pkg("trainer")
+config, models, trainer = pkg("config"), pkg("models"), pkg("trainer")
+Datasets, Classification = pkg("task").Datasets, pkg("task_kinds").Classification
+settings = pkg("settings")
 LR = 1e-3
 
 
 @dataclass
 class Workload:
-    splits: "data.Splits"
+    train: TensorDataset
     model: str
     batch: int
     steps: int
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.train.tensors[0].shape[1:])
 
-def synthetic(n: int, shape: tuple[int, ...], classes: int = 10) -> "data.Splits":
+
+def synthetic(n: int, shape: tuple[int, ...], classes: int = 10) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, classes, (n,), generator=g)
     x = torch.randn(n, *shape, generator=g) + y.view(-1, *[1] * len(shape)) * 0.1
-    small = data.Split(x[:256], y[:256])  # validation/test sets stay tiny
-    return data.Splits(train=data.Split(x, y), val=small, test=small, classes=list("0123456789"))
+    return TensorDataset(x, y)
+
+
+class Synthetic(Classification):
+    """The workload as a task: the same data and model the raw loop uses."""
+
+    work: Workload
+
+    def datasets(self, data_dir: Path) -> "Datasets":
+        del data_dir
+        x, y = self.work.train.tensors
+        small = TensorDataset(x[:256], y[:256])  # validation/test sets stay tiny
+        self.classes = list("0123456789")
+        return Datasets(train=self.work.train, val=small, test=small)
+
+    def build_model(self) -> nn.Module:
+        return models.build_model(self.cfg.model, self.work.shape, 10)
 
 
 def model_cfg(name: str) -> list[str]:
@@ -101,10 +122,10 @@ def raw_loop(work: Workload, device: torch.device) -> float:
     """The hand-written reference; returns samples/s."""
     torch.manual_seed(0)
     cfg = config.load_config(None, model_cfg(work.model))
-    model = models.build_model(cfg.model, work.splits.input_shape, 10).to(device)
+    model = models.build_model(cfg.model, work.shape, 10).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     loader = DataLoader(
-        TensorDataset(work.splits.train.x, work.splits.train.y),
+        work.train,
         batch_size=work.batch,
         shuffle=True,
         drop_last=True,
@@ -130,7 +151,7 @@ def raw_loop(work: Workload, device: torch.device) -> float:
 
 def with_trainer(work: Workload, device: torch.device, *, in_memory: bool) -> float:
     """The package's trainer on the same work; returns its training samples/s."""
-    epochs = -(-work.steps // (len(work.splits.train) // work.batch))
+    epochs = -(-work.steps // (len(work.train) // work.batch))
     cfg = config.load_config(
         None,
         [
@@ -155,8 +176,10 @@ def with_trainer(work: Workload, device: torch.device, *, in_memory: bool) -> fl
             f"run.name=bench-{time.monotonic_ns()}",
         ],
     )
+    task = Synthetic(cfg, settings.get_settings())
+    task.work = work
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines are not the point here
-        result = trainer.train(cfg, work.splits)
+        result = trainer.train(cfg, task)
     return result.summary["samples_per_s"]
 
 
@@ -191,7 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PROJECT_ROOT"] = tmp  # trainer runs and figures go to a throw-away place
         for work in workloads.values():  # warm-up, not measured
-            measure(Workload(work.splits, work.model, work.batch, 5), device, ["raw", "loader"])
+            measure(Workload(work.train, work.model, work.batch, 5), device, ["raw", "loader"])
         for round_ in range(ARGS.rounds):
             for label, work in workloads.items():
                 kinds = ["raw", "loader", "in-memory"] if label == "mlp" else ["raw", "loader"]

@@ -36,11 +36,20 @@ def pkg(module: str) -> ModuleType:
 
 
 def run_cli(
-    *args: str, project: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str,
+    project: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    torchrun: int = 0,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m <package> ...` in a fresh process, with `project` as the project root."""
+    """`python -m <package> ...` in a fresh process, with `project` as the project root.
+
+    `torchrun=N` starts N processes on this machine (a free rendezvous port each time).
+    """
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += [f"--nproc_per_node={torchrun}"] if torchrun else []
     return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args],
+        [*(launcher if torchrun else [sys.executable]), "-m", PACKAGE, *args],
         cwd=project,
         env=cli_env(project, env),
         capture_output=True,
@@ -54,7 +63,9 @@ def cli_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str
     """Environment for a child process: package importable, paths below `project`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK"))}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")]
+        ),
         PROJECT_ROOT=str(project),
         OMP_NUM_THREADS="1",
         RUN_NAME="",
@@ -63,18 +74,15 @@ def cli_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-def synthetic_splits(n: int = 600, features: int = 16, classes: int = 4, seed: int = 0):
-    """Gaussian blobs: learnable, tiny, and available without the example data."""
-    data = pkg("data")
-    g = torch.Generator().manual_seed(seed)
-    centers = 3 * torch.randn(classes, features, generator=g)
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = centers[y] + torch.randn(n, features, generator=g)
-    parts = data.split_indices(n, 0.15, 0.15, seed)
-    return data.Splits(
-        **{k: data.Split(x[idx], y[idx]) for k, idx in parts.items()},
-        classes=[str(c) for c in range(classes)],
-    )
+def blobs(*overrides: str, **options: object):
+    """The test task `toy_tasks.blobs` with a configuration from `overrides` and `options`.
+
+    Its data is made in memory, so it trains without `prepare` or any data/raw files.
+    """
+    config, settings = pkg("config"), pkg("settings")
+    task_keys = [f"task.{key}={value}" for key, value in options.items()]
+    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *task_keys, *overrides])
+    return pkg("task").load_task(cfg, settings.get_settings())
 
 
 @pytest.fixture
@@ -89,27 +97,19 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def example_task(name: str) -> bool:
+    """True while the shipped example (its task module and the digits file) is in the project."""
+    return DIGITS.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
+
+
 @pytest.fixture
 def digits_project(project: Path) -> Path:
     """A project root whose data/processed holds the prepared digits example."""
-    if not DIGITS.is_file():
-        pytest.skip("the digits example is not part of this project")
+    if not example_task("digits"):
+        pytest.skip("the digits example is not part of this project (any more)")
     raw = project / "data" / "raw"
     raw.mkdir(parents=True)
     (raw / DIGITS.name).write_bytes(DIGITS.read_bytes())
-    cfg = pkg("config").load_config(None, ["data.verify_raw=false"])
-    pkg("data").prepare(cfg, pkg("settings").get_settings())
+    cfg = pkg("config").load_config(None, ["data.verify_raw=false", "task.name=digits"])
+    pkg("data").prepare(pkg("task").load_task(cfg, pkg("settings").get_settings()))
     return project
-
-
-def write_synthetic(project: Path, dataset: str = "custom") -> None:
-    """Store synthetic splits where `train` looks for the processed `dataset`."""
-    splits = synthetic_splits()
-    payload = {
-        name: {"x": getattr(splits, name).x, "y": getattr(splits, name).y}
-        for name in ("train", "val", "test")
-    }
-    payload["classes"] = splits.classes
-    out = project / "data" / "processed" / f"{dataset}.pt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, out)

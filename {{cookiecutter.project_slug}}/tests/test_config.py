@@ -16,7 +16,7 @@ TRAIN_TOML = ROOT / "configs" / "train.toml"
 def test_shipped_config_loads_and_sets_every_section() -> None:
     cfg = config.load_config(TRAIN_TOML)
     assert cfg.run.tracking in config.CHOICES["run.tracking"]
-    assert cfg.data.dataset in {"digits", "custom"}
+    assert cfg.task.name in pkg("task").available()
     assert cfg.train.epochs > 0
 
 
@@ -90,3 +90,10 @@ def test_cli_reports_a_bad_key_in_one_line_with_exit_2(capsys: pytest.CaptureFix
 def test_cli_reports_a_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert pkg("cli").main(["train", "--config", "no/such/file.toml"]) == 2
     assert "config file not found: no/such/file.toml" in capsys.readouterr().err
+
+
+def test_the_old_dataset_key_says_what_replaced_it(tmp_path) -> None:
+    old = tmp_path / "train.toml"
+    old.write_text('[data]\ndataset = "digits"\n')
+    with pytest.raises(ConfigError, match=r"data.dataset = 'digits': replaced by the task seam"):
+        config.load_config(old)

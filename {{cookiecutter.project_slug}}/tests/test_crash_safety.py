@@ -6,7 +6,7 @@ import random
 import time
 from pathlib import Path
 
-from conftest import pkg, synthetic_splits
+from conftest import blobs, pkg
 
 checkpoint = pkg("checkpoint")
 config = pkg("config")
@@ -19,7 +19,7 @@ def newest_step(directory: Path) -> int:
 
 
 def _train_forever(cfg) -> None:
-    trainer.train(cfg, synthetic_splits())
+    trainer.train(cfg, blobs("task.name=toy_tasks.blobs"))
 
 
 def test_kill_9_never_leaves_an_unloadable_latest_checkpoint(project: Path) -> None:
@@ -36,13 +36,14 @@ def test_kill_9_never_leaves_an_unloadable_latest_checkpoint(project: Path) -> N
             "train.batch_size=16",
             "train.epochs=50",
             "data.verify_raw=false",
+            "task.name=toy_tasks.blobs",
         ],
     )
     ckpt_dir = project / "runs" / "crash" / "checkpoints"
     # The first segment runs here: it imports everything the trials then inherit by fork.
     trainer.train(
         dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_steps_this_segment=1)),
-        synthetic_splits(),
+        blobs(),
     )
     fork = multiprocessing.get_context("fork")
     rng = random.Random(1)  # noqa: S311  (kill times, not secrets)

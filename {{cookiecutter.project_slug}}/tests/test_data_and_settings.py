@@ -17,25 +17,50 @@ data = pkg("data")
 def test_prepare_splits_the_digits_reproducibly(digits_project: Path) -> None:
     raw = digits_project / "data" / "raw" / DIGITS.name
     before = raw.stat().st_mtime_ns
-    path = digits_project / "data" / "processed" / "digits.pt"
-    first = data.load_splits(path)
-    assert (len(first.train), len(first.val), len(first.test)) == (1437, 180, 180)
-    assert first.input_shape == (1, 8, 8)
-    assert first.train.x.min() >= 0.0 and first.train.x.max() <= 1.0
-    assert set(first.train.y.tolist()) == set(range(10))
-    cfg = config.load_config(None, ["data.verify_raw=false"])
-    data.prepare(cfg, pkg("settings").get_settings())
-    again = data.load_splits(path)
-    assert torch.equal(first.test.x, again.test.x)
+    cfg = config.load_config(None, ["data.verify_raw=false", "task.name=digits"])
+    task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+    first = task.datasets(task.processed_dir)
+    sizes = [len(first.get(split)) for split in ("train", "val", "test")]
+    assert sizes == [1437, 180, 180]
+    x, y = first.train.tensors
+    assert x.shape[1:] == (1, 8, 8)
+    assert x.min() >= 0.0 and x.max() <= 1.0
+    assert set(y.tolist()) == set(range(10))
+    data.prepare(task)
+    again = task.datasets(task.processed_dir)
+    assert torch.equal(first.test.tensors[0], again.test.tensors[0])
     assert raw.stat().st_mtime_ns == before  # raw data is only read
 
 
-def test_staging_copies_once_to_the_node_local_disk(
+class Writes:
+    """A task whose `prepare` writes given files, then fails when told to."""
+
+    def __init__(self, folder: Path, files: dict[str, bytes], fail: bool = False) -> None:
+        self.processed_dir, self.files, self.fail = folder, files, fail
+
+    def prepare(self, out_dir: Path) -> str:
+        for name, content in self.files.items():
+            (out_dir / name).write_bytes(content)
+        if self.fail:
+            raise pkg("errors").DataError("reader failed half-way")
+        return "done"
+
+
+def test_prepare_is_all_or_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "processed" / "task"
+    assert data.prepare(Writes(folder, {"a.bin": b"1", "b.bin": b"2"})) == "done"
+    assert data.read_digests(folder).keys() == {"a.bin", "b.bin"}
+    with pytest.raises(pkg("errors").DataError, match="half-way"):
+        data.prepare(Writes(folder, {"a.bin": b"new"}, fail=True))
+    assert (folder / "a.bin").read_bytes() == b"1"  # the previous result is intact
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["task"]  # no temporary left
+
+
+def test_staging_copies_once_and_refuses_changed_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = tmp_path / "processed" / "set.pt"
-    source.parent.mkdir()
-    source.write_bytes(b"x" * 1000)
+    source = tmp_path / "processed" / "set"
+    data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
     cfg = config.load_config(None, [])
     monkeypatch.delenv(cfg.data.node_tmp_var, raising=False)
     assert data.stage(source, cfg, local_rank=0) == source  # not in a job: read in place
@@ -43,14 +68,20 @@ def test_staging_copies_once_to_the_node_local_disk(
     node.mkdir()
     monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
     staged = data.stage(source, cfg, local_rank=0)
-    assert staged == node / "processed" / "set.pt"
-    assert staged.read_bytes() == source.read_bytes()
-    mtime = staged.stat().st_mtime_ns
+    assert staged == node / "processed" / "set"
+    assert (staged / "x.bin").read_bytes() == b"x" * 1000
+    mtime = (staged / "x.bin").stat().st_mtime_ns
     assert data.stage(source, cfg, local_rank=0) == staged
-    assert staged.stat().st_mtime_ns == mtime  # up to date: not copied again
-    source.write_bytes(b"y" * 1000)  # prepared again: same size, new content and time
-    os.utime(source, ns=(mtime + 10**9, mtime + 10**9))
-    assert data.stage(source, cfg, local_rank=0).read_bytes() == b"y" * 1000
+    assert (staged / "x.bin").stat().st_mtime_ns == mtime  # up to date: not copied again
+    data.prepare(Writes(source, {"x.bin": b"y" * 1000}))  # prepared again: same size
+    assert (data.stage(source, cfg, local_rank=0) / "x.bin").read_bytes() == b"y" * 1000
+    # Replaced by hand after prepare, same size and time: the copy is checked, never served.
+    stat = (source / "x.bin").stat()
+    (source / "x.bin").write_bytes(b"z" * 1000)
+    os.utime(source / "x.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (staged / "x.bin").write_bytes(b"z" * 1000)
+    with pytest.raises(pkg("errors").DataError, match="changed after prepare"):
+        data.stage(source, cfg, local_rank=0)
     off = config.load_config(None, ["data.stage_to_node_tmp=false"])
     assert data.stage(source, off, local_rank=0) == source
 

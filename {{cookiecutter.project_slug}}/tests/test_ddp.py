@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PACKAGE, cli_env, pkg, write_synthetic
+from conftest import PACKAGE, cli_env, pkg
 
 checkpoint = pkg("checkpoint")
 ARGS = [
     "train",
-    "data.dataset=custom",
+    "task.name=toy_tasks.blobs",
     "data.verify_raw=false",
     "run.figures=false",
     "run.progress=log",
@@ -71,7 +71,6 @@ def srun_like(project: Path, job_id: int, *extra: str) -> list[subprocess.Popen[
 def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_synthetic(project)
     rank0, rank1 = srun_like(project, free_job_id())
     lines = []
     assert rank0.stdout is not None
@@ -104,7 +103,6 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
 
 def test_two_ranks_finish_with_figures(project: Path) -> None:
     # Rank 0 draws the figures alone after training: no collective may wait for rank 1 there.
-    write_synthetic(project)
     procs = srun_like(project, free_job_id(), "train.epochs=1", "run.figures=true")
     out = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "".join(out)

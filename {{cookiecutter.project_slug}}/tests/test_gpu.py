@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import pkg, synthetic_splits
+from conftest import blobs, pkg
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,9 +24,10 @@ def test_bf16_compiled_training_on_the_gpu(project: Path) -> None:
             "model.compile=true",
             "train.epochs=5",
             "data.verify_raw=false",
+            "task.name=toy_tasks.blobs",
         ],
     )
-    result = pkg("trainer").train(cfg, synthetic_splits())
+    result = pkg("trainer").train(cfg, blobs())
     assert result.summary["val_accuracy"] > 0.9
     assert result.summary["peak_gpu_mem_gib"] > 0
     if torch.cuda.is_bf16_supported():
@@ -41,14 +42,12 @@ def test_resume_on_the_gpu_restores_cuda_rng(project: Path) -> None:
         "data.verify_raw=false",
         "run.deterministic=true",
         "train.precision=fp32",
+        "task.name=toy_tasks.blobs",
     ]
-    load = pkg("config").load_config
-    splits = synthetic_splits()
-    pkg("trainer").train(load(None, [*common, "run.name=a"]), splits)
-    pkg("trainer").train(
-        load(None, [*common, "run.name=b", "run.max_steps_this_segment=5"]), splits
-    )
-    pkg("trainer").train(load(None, [*common, "run.name=b"]), splits)
+    load, train = pkg("config").load_config, pkg("trainer").train
+    train(load(None, [*common, "run.name=a"]), blobs())
+    train(load(None, [*common, "run.name=b", "run.max_steps_this_segment=5"]), blobs())
+    train(load(None, [*common, "run.name=b"]), blobs())
     latest = pkg("checkpoint").load_latest
     a = latest(project / "runs" / "a" / "checkpoints")["model"]
     b = latest(project / "runs" / "b" / "checkpoints")["model"]

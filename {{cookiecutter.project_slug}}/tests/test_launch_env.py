@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, TensorDataset
 
 from conftest import pkg
 
@@ -121,11 +121,12 @@ def test_both_batch_paths_yield_the_same_batches_and_resume_mid_epoch() -> None:
     x, y = torch.randn(50, 3), torch.arange(50)
     denv = distributed.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="torchrun")
     common = {"batch_size": 4, "denv": denv, "seed": 3, "device": torch.device("cpu")}
+    dataset = TensorDataset(x, y)
     fast = batches.make_train_batches(
-        x, y, in_memory=True, num_workers=0, prefetch_factor=2, **common
+        dataset, in_memory=True, num_workers=0, prefetch_factor=2, **common
     )
     slow = batches.make_train_batches(
-        x, y, in_memory=False, num_workers=0, prefetch_factor=2, **common
+        dataset, in_memory=False, num_workers=0, prefetch_factor=2, **common
     )
     assert len(fast) == len(slow) == 6
     for path in (fast, slow):

@@ -30,13 +30,14 @@ def test_time_report_warns_when_input_bound() -> None:
 
 
 def test_metrics_resume_drops_later_and_cut_off_rows(tmp_path: Path) -> None:
-    log = observe.MetricsLog(tmp_path, "csv", resume_step=0)
+    fields = observe.metric_fields(("loss", "accuracy"), [])
+    log = observe.MetricsLog(tmp_path, "csv", resume_step=0, fields=fields)
     for step in (10, 20, 30):
         log.write(step=step, epoch=0, phase="train", loss=1.0)
     log.close()
     with (tmp_path / "metrics.csv").open("a") as f:
         f.write("4")  # the start of a row a hard kill interrupted
-    observe.MetricsLog(tmp_path, "csv", resume_step=20).close()
+    observe.MetricsLog(tmp_path, "csv", resume_step=20, fields=fields).close()
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in lines] == ["step", "10", "20"]
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PACKAGE, cli_env, pkg, write_synthetic
+from conftest import PACKAGE, cli_env, pkg
 
 checkpoint = pkg("checkpoint")
 EXIT_REQUEUE = pkg("preemption").EXIT_REQUEUE
 
 ARGS = [
     "train",
-    "data.dataset=custom",
+    "task.name=toy_tasks.blobs",
     "data.verify_raw=false",
     "run.figures=false",
     "run.progress=log",
@@ -59,20 +59,14 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint.load_latest(run_dir / "checkpoints")["model"]
 
 
-@pytest.fixture
-def synthetic_project(project: Path) -> Path:
-    write_synthetic(project)
-    return project
-
-
 def test_sigusr1_checkpoints_exits_3_and_the_rerun_matches(
-    synthetic_project: Path, capsys: pytest.CaptureFixture[str]
+    project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    proc = start(synthetic_project, "run.name=stopped")
+    proc = start(project, "run.name=stopped")
     output = signal_after(proc, "step 30/", signal.SIGUSR1, group=False)
     assert proc.returncode == EXIT_REQUEUE, output
     assert "stop signal (SIGUSR1)" in output
-    stopped = checkpoint.load_latest(synthetic_project / "runs" / "stopped" / "checkpoints")
+    stopped = checkpoint.load_latest(project / "runs" / "stopped" / "checkpoints")
     total = 15 * (420 // 16)
     assert 30 <= stopped["position"]["step"] < total
 
@@ -81,16 +75,16 @@ def test_sigusr1_checkpoints_exits_3_and_the_rerun_matches(
     assert train(load(None, [*ARGS[1:], "run.name=stopped"])).exit_code == 0
     assert f"resumed from step {stopped['position']['step']}" in capsys.readouterr().out
     train(load(None, [*ARGS[1:], "run.name=straight"]))
-    a = weights(synthetic_project / "runs" / "stopped")
-    b = weights(synthetic_project / "runs" / "straight")
+    a = weights(project / "runs" / "stopped")
+    b = weights(project / "runs" / "straight")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_sigterm_to_the_whole_group_spares_dataloader_workers(synthetic_project: Path) -> None:
-    proc = start(synthetic_project, "run.name=term", "data.in_memory=no", "data.num_workers=2")
+def test_sigterm_to_the_whole_group_spares_dataloader_workers(project: Path) -> None:
+    proc = start(project, "run.name=term", "data.in_memory=no", "data.num_workers=2")
     output = signal_after(proc, "step 10/", signal.SIGTERM, group=True)
     assert proc.returncode == EXIT_REQUEUE, output
     assert "stop signal (SIGTERM)" in output
     assert "Traceback" not in output
-    state = checkpoint.load_latest(synthetic_project / "runs" / "term" / "checkpoints")
+    state = checkpoint.load_latest(project / "runs" / "term" / "checkpoints")
     assert state["position"]["step"] >= 10

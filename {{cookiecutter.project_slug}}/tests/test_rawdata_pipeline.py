@@ -16,8 +16,8 @@ cli = import_module(f"{PACKAGE}.cli")
 rawdata = import_module(f"{PACKAGE}.rawdata")
 # Only the small example file is copied, never the project's own (maybe huge) raw data.
 EXAMPLE = ROOT / "data" / "raw" / "digits.csv.gz"
-HAS_EXAMPLE = EXAMPLE.is_file()
-DATASET = ["data.dataset=digits"] if HAS_EXAMPLE else []
+HAS_EXAMPLE = EXAMPLE.is_file() and (ROOT / "src" / PACKAGE / "tasks" / "digits.py").is_file()
+DATASET = ["task.name=digits"] if HAS_EXAMPLE else []
 FAST = [*DATASET, "train.epochs=1", "run.figures=false", "run.name=guarded", "train.device=cpu"]
 
 

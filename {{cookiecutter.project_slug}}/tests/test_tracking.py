@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pkg, synthetic_splits
+from conftest import blobs, pkg
 
-config = pkg("config")
 trainer = pkg("trainer")
 checkpoint = pkg("checkpoint")
 tracking = pkg("tracking")
@@ -22,14 +21,13 @@ SECRET = "wandb-key-3f9a1c7e5b2d4068"  # noqa: S105  (a stand-in API key that mu
 
 def train_in_segments(kind: str, name: str) -> list[str]:
     """Train in segments of 5 steps until finished; return the tracker run id of each segment."""
-    cfg = config.load_config(
-        None,
-        [*FAST, f"run.name={name}", f"run.tracking={kind}", "train.batch_size=64",
-         "train.epochs=2", "run.max_steps_this_segment=5"],
+    task = blobs(
+        *FAST, f"run.name={name}", f"run.tracking={kind}", "train.batch_size=64",
+        "train.epochs=2", "run.max_steps_this_segment=5",
     )  # fmt: skip
-    splits, ids, status = synthetic_splits(), [], ""
+    ids, status = [], ""
     while status != "finished":
-        result = trainer.train(cfg, splits)
+        result = trainer.train(task.cfg, task)
         status = result.summary["status"]
         state = checkpoint.load_latest(result.run_dir / "checkpoints")
         assert state is not None
@@ -100,10 +98,8 @@ def test_a_stopped_mlflow_segment_is_scheduled_not_finished(offline: Path) -> No
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
-    cfg = config.load_config(
-        None, [*FAST, "run.name=seg", "run.tracking=mlflow", "run.max_steps_this_segment=3"]
-    )
-    result = trainer.train(cfg, synthetic_splits())
+    task = blobs(*FAST, "run.name=seg", "run.tracking=mlflow", "run.max_steps_this_segment=3")
+    result = trainer.train(task.cfg, task)
     state = checkpoint.load_latest(result.run_dir / "checkpoints")
     assert state is not None
     client = MlflowClient(tracking_uri=(offline / "runs" / "mlruns").as_uri())
@@ -111,8 +107,8 @@ def test_a_stopped_mlflow_segment_is_scheduled_not_finished(offline: Path) -> No
 
 
 def test_csv_and_tensorboard_save_no_tracker(project: Path) -> None:
-    cfg = config.load_config(None, [*FAST, "run.name=plain", "train.epochs=1"])
-    result = trainer.train(cfg, synthetic_splits())
+    task = blobs(*FAST, "run.name=plain", "train.epochs=1")
+    result = trainer.train(task.cfg, task)
     state = checkpoint.load_latest(result.run_dir / "checkpoints")
     assert state is not None
     assert state["tracker"] is None

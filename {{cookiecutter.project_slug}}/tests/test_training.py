@@ -9,18 +9,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import pkg, synthetic_splits
+from conftest import blobs, pkg
 
 config = pkg("config")
 trainer = pkg("trainer")
 checkpoint = pkg("checkpoint")
-settings_mod = pkg("settings")
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=5", "data.verify_raw=false"]
 
 
 def cfg_with(*overrides: str):
     return config.load_config(None, [*FAST, *overrides])
+
+
+def train(*overrides: str, **options: object):
+    """Train the test task (blobs) with `overrides` and task `options`."""
+    task = blobs(*FAST, *overrides, **options)
+    return trainer.train(task.cfg, task)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -36,7 +41,7 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 
 def test_example_beats_chance_and_writes_the_run_files(digits_project: Path) -> None:
-    cfg = cfg_with("run.name=example", "train.epochs=8", "run.figures=true")
+    cfg = cfg_with("run.name=example", "train.epochs=8", "run.figures=true", "task.name=digits")
     result = trainer.train(cfg)
     run_dir = digits_project / "runs" / "example"
     assert result.exit_code == 0
@@ -66,11 +71,12 @@ def test_example_beats_chance_and_writes_the_run_files(digits_project: Path) -> 
         ["data.in_memory=yes"],
         ["data.in_memory=no", "data.num_workers=0"],
         ["train.grad_accum_steps=2"],
+        ["task.samples=dicts", "data.num_workers=2"],
     ],
-    ids=["in-memory", "dataloader", "accumulation"],
+    ids=["in-memory", "dataloader", "accumulation", "dict-samples-augmented-2-workers"],
 )
 def test_resume_mid_epoch_gives_bit_identical_weights(project: Path, variant: list[str]) -> None:
-    splits = synthetic_splits()  # 420 training samples: 13 batches of 32 per epoch
+    # 420 training samples: 13 batches of 32 per epoch
     common = [
         "train.batch_size=32",
         "train.epochs=3",
@@ -78,15 +84,13 @@ def test_resume_mid_epoch_gives_bit_identical_weights(project: Path, variant: li
         "run.deterministic=true",
         *variant,
     ]
-    trainer.train(cfg_with("run.name=straight", *common), splits)
+    train("run.name=straight", *common)
 
     # Three segments, each stopping mid-epoch, each resuming from the checkpoint of the last.
     for _ in range(3):
-        segment = trainer.train(
-            cfg_with("run.name=resumed", "run.max_steps_this_segment=7", *common), splits
-        )
+        segment = train("run.name=resumed", "run.max_steps_this_segment=7", *common)
     assert segment.summary["status"] in {"segment", "finished"}
-    last = trainer.train(cfg_with("run.name=resumed", *common), splits)
+    last = train("run.name=resumed", *common)
     assert last.summary["status"] == "finished"
     assert_identical(
         final_weights(project / "runs" / "straight"), final_weights(project / "runs" / "resumed")
@@ -98,12 +102,9 @@ def test_resume_mid_epoch_gives_bit_identical_weights(project: Path, variant: li
 
 
 def test_in_memory_and_dataloader_paths_train_identically(project: Path) -> None:
-    splits = synthetic_splits()
     common = ["train.batch_size=32", "train.epochs=2", "model.hidden=32"]
-    fast = trainer.train(cfg_with("run.name=fast", "data.in_memory=yes", *common), splits)
-    trainer.train(
-        cfg_with("run.name=loader", "data.in_memory=no", "data.num_workers=0", *common), splits
-    )
+    fast = train("run.name=fast", "data.in_memory=yes", *common)
+    train("run.name=loader", "data.in_memory=no", "data.num_workers=0", *common)
     assert fast.summary["val_accuracy"] > 0.9  # four classes: chance is 0.25
     assert_identical(
         final_weights(project / "runs" / "fast"), final_weights(project / "runs" / "loader")
@@ -111,27 +112,22 @@ def test_in_memory_and_dataloader_paths_train_identically(project: Path) -> None
 
 
 def test_segments_and_finished_runs(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    splits = synthetic_splits()
-    cfg = cfg_with(
-        "run.name=seg", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=5"
-    )
-    first = trainer.train(cfg, splits)
+    args = ["run.name=seg", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=5"]
+    first = train(*args)
     assert (first.exit_code, first.summary["status"], first.summary["step"]) == (0, "segment", 5)
     assert "segment done at step 5" in capsys.readouterr().out
-    while trainer.train(cfg, splits).summary["status"] != "finished":
+    while train(*args).summary["status"] != "finished":
         pass
-    again = trainer.train(cfg, splits)
+    again = train(*args)
     assert again.summary["step"] == 12  # 6 steps per epoch
     assert "already finished" in capsys.readouterr().out
 
 
 def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> None:
-    splits = synthetic_splits()
-    cfg = cfg_with(
-        "run.name=speed", "train.batch_size=64", "train.epochs=2", "run.max_steps_this_segment=4"
-    )
-    trainer.train(cfg, splits)
-    second = trainer.train(cfg, splits).summary
+    args = ["run.name=speed", "train.batch_size=64", "train.epochs=2"]
+    args.append("run.max_steps_this_segment=4")
+    train(*args)
+    second = train(*args).summary
     assert (second["step"], second["samples"]) == (8, 4 * 64)  # not the 8 x 64 of the run
     busy = second["data_s"] + second["compute_s"]  # each rounded to 1 ms
     low, high = 4 * 64 / (busy + 0.001) - 0.1, 4 * 64 / (busy - 0.001) + 0.1
@@ -139,7 +135,7 @@ def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> No
 
 
 def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:
-    summary = trainer.train(cfg_with("run.name=shares", "train.epochs=1"), synthetic_splits())
+    summary = train("run.name=shares", "train.epochs=1")
     shares = {k: v for k, v in summary.summary.items() if k.endswith("_share")}
     assert set(shares) == {f"{k}_share" for k in ("data", "compute", "checkpoint", "eval", "other")}
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
@@ -153,18 +149,15 @@ def _too_slow(signum: int, frame: object) -> None:
 def test_resume_with_a_larger_batch_at_an_epoch_end_goes_on_to_the_next_epoch(
     project: Path,
 ) -> None:
-    splits = synthetic_splits()  # 420 training samples
-    common = ["run.name=rescaled", "train.epochs=2", "model.hidden=32"]
+    common = ["run.name=rescaled", "train.epochs=2", "model.hidden=32"]  # 420 training samples
     # Batch 10: 42 steps per epoch; stop after 41, before the epoch's last step.
-    first = trainer.train(
-        cfg_with(*common, "train.batch_size=10", "run.max_steps_this_segment=41"), splits
-    )
+    first = train(*common, "train.batch_size=10", "run.max_steps_this_segment=41")
     assert (first.summary["epoch"], first.summary["step"]) == (0, 41)
     # Batch 100 has 4 steps per epoch, and the 410 samples done cover all 4 of them.
     previous = signal.signal(signal.SIGALRM, _too_slow)
     signal.alarm(30)  # a few seconds when it works
     try:
-        resumed = trainer.train(cfg_with(*common, "train.batch_size=100"), splits)
+        resumed = train(*common, "train.batch_size=100")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
@@ -172,16 +165,9 @@ def test_resume_with_a_larger_batch_at_an_epoch_end_goes_on_to_the_next_epoch(
     assert (resumed.summary["epoch"], resumed.summary["step"]) == (2, 41 + 4)
 
 
-def test_custom_dataset_says_where_to_plug_in(project: Path) -> None:
-    (project / "data" / "raw").mkdir(parents=True)
-    cfg = cfg_with("data.dataset=custom")
-    with pytest.raises(pkg("errors").DataError, match="read_custom"):
-        pkg("data").prepare(cfg, settings_mod.get_settings())
-
-
 def test_batch_larger_than_data_is_a_config_error(project: Path) -> None:
     with pytest.raises(pkg("errors").ConfigError, match=r"train\.batch_size"):
-        trainer.train(cfg_with("train.batch_size=4096"), synthetic_splits())
+        train("train.batch_size=4096")
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
@@ -193,20 +179,18 @@ def test_lr_schedule_warms_up_then_decays() -> None:
 
 def test_tensorboard_tracking_writes_event_files(project: Path) -> None:
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    cfg = cfg_with("run.name=tb", "run.tracking=tensorboard", "train.epochs=1")
-    trainer.train(cfg, synthetic_splits())
+    train("run.name=tb", "run.tracking=tensorboard", "train.epochs=1")
     assert list((project / "runs" / "tb" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_checkpoints_by_wall_clock_between_epoch_ends(project: Path) -> None:
-    cfg = cfg_with(
+    train(
         "run.name=clock",
         "train.batch_size=16",
         "train.epochs=2",
         "run.keep_checkpoints=100",
         "run.checkpoint_every_minutes=0.00001",  # well under one step
     )
-    trainer.train(cfg, synthetic_splits())
     steps = [s for s, _ in checkpoint.list_checkpoints(project / "runs" / "clock" / "checkpoints")]
     assert len(steps) > 2 * 2  # far more than the two epoch ends
     assert any(s % 26 for s in steps)  # 26 steps per epoch: these are not epoch ends

@@ -1,25 +1,27 @@
 """Feeding batches: sliced from tensors already on the device, or through a DataLoader.
 
-Both paths draw exactly the same batches: each epoch a permutation seeded with seed + epoch
+Both paths draw exactly the same samples: each epoch a permutation seeded with seed + epoch
 (the one DistributedSampler uses), cut so that every rank gets the same number of samples,
 rank r taking every world_size-th element, and incomplete final batches dropped. So switching
 paths, or resuming mid-epoch on either path, does not change the training trajectory.
 
-The in-memory path skips per-sample `__getitem__` calls, collation and host-to-device copies,
-which dominate the step time of small models; the DataLoader path is for data that does not
-fit in memory (or needs per-sample work in worker processes).
+The in-memory path (for a `TensorDataset` that fits) skips per-sample `__getitem__` calls,
+collation and host-to-device copies, which dominate the step time of small models. The
+DataLoader path takes any map-style data set; its sampler hands out (epoch, index) pairs, and
+every sample is loaded with torch, `random` and numpy seeded from (seed, epoch, index), so
+random augmentation in workers is the same on every start and a resume is exact.
 """
 
-import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from .distributed import DistEnv
+from .errors import DataError
 from .preemption import ignore_stop_signals
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+from .task import Batch, check_structure, sample_seed, seeded_sample
 
 
 def rank_order(
@@ -33,27 +35,53 @@ def rank_order(
     return order[: per_rank * world][rank::world]
 
 
+def to_device(batch: Batch, device: torch.device, channels_last: bool = False) -> Batch:
+    """Move every tensor of a (nested) batch; images (4-D floats) optionally channels-last."""
+    if isinstance(batch, torch.Tensor):
+        batch = batch.to(device, non_blocking=True)
+        if channels_last and batch.dim() == 4 and batch.is_floating_point():
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return batch
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device, channels_last) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(v, device, channels_last) for v in batch)
+    return batch
+
+
+def size(dataset: Dataset) -> int:
+    """Samples in a map-style data set (torch's `Dataset` type does not declare `__len__`)."""
+    return len(dataset)  # type: ignore[arg-type]  # every map-style data set defines it
+
+
+def tensor_bytes(dataset: Dataset) -> int | None:
+    """Memory of a TensorDataset's tensors; None for data sets that load samples on demand."""
+    if not isinstance(dataset, TensorDataset):
+        return None
+    return sum(t.element_size() * t.nelement() for t in dataset.tensors)
+
+
 class InMemoryBatches:
     """Training batches indexed from device-resident tensors."""
 
     def __init__(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        dataset: TensorDataset,
         *,
         batch_size: int,
         denv: DistEnv,
         seed: int,
         device: torch.device,
     ) -> None:
-        """Copy the split to `device` once."""
-        self.x, self.y = x.to(device), y.to(device)
+        """Copy the data set's tensors to `device` once."""
+        self.tensors = [t.to(device) for t in dataset.tensors]
+        self.n = len(dataset)
         self.batch_size, self.denv, self.seed, self.device = batch_size, denv, seed, device
         self.epoch = 0
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return len(self.y) // self.denv.world_size // self.batch_size
+        return self.n // self.denv.world_size // self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation is used."""
@@ -62,7 +90,7 @@ class InMemoryBatches:
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """Batches of the current epoch, beginning with batch number `start`."""
         order = rank_order(
-            len(self.y),
+            self.n,
             seed=self.seed,
             epoch=self.epoch,
             rank=self.denv.rank,
@@ -71,24 +99,92 @@ class InMemoryBatches:
         order = order[: len(self) * self.batch_size].to(self.device)
         for i in range(start, len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.x[idx], self.y[idx]
+            yield tuple(t[idx] for t in self.tensors)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
-class _SkipSampler(Sampler[int]):
-    """Wraps a sampler and drops its first `skip` indices (mid-epoch resume)."""
+class SeededSamples(Dataset):
+    """Loads `dataset[index]` for the key (epoch, index) with per-sample seeded RNGs."""
 
-    def __init__(self, inner: DistributedSampler) -> None:
-        self.inner, self.skip = inner, 0
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.inner), self.skip, None)
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        """Wrap `dataset`; `seed` is the run's seed."""
+        self.dataset, self.seed = dataset, seed
 
     def __len__(self) -> int:
-        return len(self.inner) - self.skip
+        """Samples in the wrapped data set."""
+        return size(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        """The sample `index` as it is drawn in `epoch`."""
+        epoch, index = key
+        with seeded_sample(sample_seed(self.seed, epoch, index)):
+            return self.dataset[index]
+
+
+class EpochSampler(Sampler[tuple[int, int]]):
+    """(epoch, index) keys of this rank's samples; `skip` drops the first ones (resume)."""
+
+    def __init__(self, n: int, *, seed: int, denv: DistEnv, train: bool) -> None:
+        """`train`: shuffled, equal share per rank; else every sample once, in order."""
+        self.n, self.seed, self.denv, self.train = n, seed, denv, train
+        self.epoch, self.skip = 0, 0
+
+    def _order(self) -> torch.Tensor:
+        if self.train:
+            return rank_order(
+                self.n,
+                seed=self.seed,
+                epoch=self.epoch,
+                rank=self.denv.rank,
+                world=self.denv.world_size,
+            )
+        return torch.arange(self.denv.rank, self.n, self.denv.world_size)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """The keys of the current epoch from position `skip` on."""
+        epoch = self.epoch if self.train else -1  # evaluation: one fixed draw per sample
+        return ((epoch, int(i)) for i in self._order()[self.skip :])
+
+    def __len__(self) -> int:
+        """Keys left in this epoch."""
+        return len(self._order()) - self.skip
+
+
+def make_loader(
+    dataset: Dataset,
+    sampler: EpochSampler,
+    *,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    num_workers: int,
+    prefetch_factor: int,
+    persistent: bool,
+) -> DataLoader:
+    """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses)."""
+    return DataLoader(
+        SeededSamples(dataset, seed),
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=sampler.train,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
+        persistent_workers=persistent and num_workers > 0,
+        prefetch_factor=prefetch_factor if num_workers > 0 else None,
+        worker_init_fn=ignore_stop_signals,
+        # Its own generator: creating an iterator must not consume the global RNG, or a
+        # resumed run would see different dropout masks than an uninterrupted one.
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 class LoaderBatches:
-    """Training batches from a DataLoader with a DistributedSampler."""
+    """Training batches from a DataLoader whose workers persist across epochs.
+
+    `close` shuts the workers down; the trainer calls it on every way out of training.
+    """
 
     def __init__(
         self,
@@ -101,59 +197,75 @@ class LoaderBatches:
         num_workers: int,
         prefetch_factor: int,
     ) -> None:
-        """Build the loader once; workers persist across epochs."""
-        self.sampler = DistributedSampler(
-            dataset,
-            num_replicas=denv.world_size,
-            rank=denv.rank,
-            shuffle=True,
-            seed=seed,
-            drop_last=True,
-        )
-        self.skipper = _SkipSampler(self.sampler)
+        """Build the loader once."""
+        self.sampler = EpochSampler(size(dataset), seed=seed, denv=denv, train=True)
         self.batch_size, self.device = batch_size, device
-        self.loader = DataLoader(
+        self.loader: DataLoader | None = make_loader(
             dataset,
+            self.sampler,
             batch_size=batch_size,
-            sampler=self.skipper,
-            drop_last=True,
+            seed=seed,
+            device=device,
             num_workers=num_workers,
-            pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
-            persistent_workers=num_workers > 0,
-            prefetch_factor=prefetch_factor if num_workers > 0 else None,
-            worker_init_fn=ignore_stop_signals,
-            # Its own generator: creating an iterator must not consume the global RNG, or a
-            # resumed run would see different dropout masks than an uninterrupted one.
-            generator=torch.Generator().manual_seed(seed),
+            prefetch_factor=prefetch_factor,
+            persistent=True,
         )
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return len(self.sampler) // self.batch_size
+        return self.sampler.n // self.sampler.denv.world_size // self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation is used."""
-        self.sampler.set_epoch(epoch)
+        self.sampler.epoch = epoch
 
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """Batches of the current epoch, beginning with batch number `start`."""
-        self.skipper.skip = start * self.batch_size
-        for x, y in self.loader:
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        assert self.loader is not None, "iterate() after close()"
+        self.sampler.skip = start * self.batch_size
+        for batch in self.loader:
+            yield to_device(batch, self.device)
+
+    def close(self) -> None:
+        """Shut the worker processes down now (they would otherwise outlive training)."""
+        # The persistent iterator owns the workers; dropping the last reference to the
+        # loader runs its shutdown (join, then terminate) at once under CPython.
+        self.loader = None
 
 
 def eval_batches(
-    x: torch.Tensor, y: torch.Tensor, batch_size: int, denv: DistEnv, device: torch.device
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    denv: DistEnv,
+    seed: int,
+    device: torch.device,
+    num_workers: int,
+    prefetch_factor: int,
 ) -> Iterator[Batch]:
     """Every sample exactly once across ranks (rank r takes r, r + world, ...), in order."""
-    idx = torch.arange(denv.rank, len(y), denv.world_size)
-    for chunk in idx.split(batch_size):
-        yield (x[chunk].to(device, non_blocking=True), y[chunk].to(device, non_blocking=True))
+    if isinstance(dataset, TensorDataset):  # slices, no per-sample calls
+        idx = torch.arange(denv.rank, size(dataset), denv.world_size)
+        for chunk in idx.split(batch_size):
+            yield to_device(tuple(t[chunk] for t in dataset.tensors), device)
+        return
+    sampler = EpochSampler(size(dataset), seed=seed, denv=denv, train=False)
+    loader = make_loader(
+        dataset,
+        sampler,
+        batch_size=batch_size,
+        seed=seed,
+        device=device,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        persistent=False,  # an exhausted or dropped iterator ends its workers
+    )
+    for batch in loader:
+        yield to_device(batch, device)
 
 
 def make_train_batches(
-    x: torch.Tensor,
-    y: torch.Tensor,
+    dataset: Dataset,
     *,
     in_memory: bool,
     batch_size: int,
@@ -163,11 +275,12 @@ def make_train_batches(
     num_workers: int,
     prefetch_factor: int,
 ) -> InMemoryBatches | LoaderBatches:
-    """The fast in-memory path or the DataLoader path over the same tensors."""
+    """The fast in-memory path (TensorDataset only) or the DataLoader path."""
     if in_memory:
-        return InMemoryBatches(x, y, batch_size=batch_size, denv=denv, seed=seed, device=device)
+        assert isinstance(dataset, TensorDataset)
+        return InMemoryBatches(dataset, batch_size=batch_size, denv=denv, seed=seed, device=device)
     return LoaderBatches(
-        TensorDataset(x, y),
+        dataset,
         batch_size=batch_size,
         denv=denv,
         seed=seed,
@@ -175,3 +288,10 @@ def make_train_batches(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
     )
+
+
+def check_first_sample(dataset: Dataset, where: str) -> None:
+    """One clear line when a data set is empty or its samples cannot be batched."""
+    if size(dataset) == 0:
+        raise DataError(f"{where} has no samples")
+    check_structure(dataset[0], f"{where} item 0")

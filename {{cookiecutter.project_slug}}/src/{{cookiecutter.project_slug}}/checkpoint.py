@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from .errors import CheckpointError
 
 _NAME = re.compile(r"step-(\d+)\.pt")
 
@@ -88,3 +91,27 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
         if (state := _load_or_warn(path)) is not None:
             return state
     return None
+
+
+def load_model(model: nn.Module, weights: dict[str, Any], source: str) -> None:
+    """Load `weights` into `model`, or one line that says what does not fit (no traceback)."""
+    own = model.state_dict()
+    missing = sorted(own.keys() - weights.keys())
+    unexpected = sorted(weights.keys() - own.keys())
+    shapes = [
+        f"{k} {list(weights[k].shape)} vs {list(v.shape)}"
+        for k, v in own.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = [
+            f"missing {', '.join(missing[:3])}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
+            f"shape {'; '.join(shapes[:3])}" if shapes else "",
+        ]
+        problems = "; ".join(p for p in parts if p)
+        raise CheckpointError(
+            f"{source}: weights do not fit the configured model ({problems}); "
+            "was the model or task changed?"
+        )
+    model.load_state_dict(weights)

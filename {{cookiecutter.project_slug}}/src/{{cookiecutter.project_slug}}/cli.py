@@ -22,11 +22,12 @@ PROG = __package__ or "main"
 
 
 def _config(args: argparse.Namespace, settings: Settings) -> Config:
+    configs = settings.project_root / "configs"
     path = args.config
     if path is None:
-        default = settings.project_root / "configs" / "train.toml"
+        default = configs / "train.toml"
         path = default if default.is_file() else None
-    return load_config(path, args.overrides)
+    return load_config(path, args.overrides, task_dir=configs / "tasks")
 
 
 def _verify_raw(cfg: Config, settings: Settings) -> None:
@@ -35,19 +36,16 @@ def _verify_raw(cfg: Config, settings: Settings) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    """Raw data -> processed tensors with train/val/test splits."""
+    """Raw data -> the task's processed data (all or nothing)."""
     settings = get_settings()
     cfg = _config(args, settings)
     _verify_raw(cfg, settings)
-    from .data import load_splits, prepare  # noqa: PLC0415  (imports torch)
+    from .data import prepare  # noqa: PLC0415  (imports torch)
+    from .task import load_task  # noqa: PLC0415
 
-    path = prepare(cfg, settings)
-    splits = load_splits(path)
-    print(
-        f"wrote {path}: train {len(splits.train)}, val {len(splits.val)}, "
-        f"test {len(splits.test)} samples of shape {list(splits.input_shape)}, "
-        f"{len(splits.classes)} classes"
-    )
+    task = load_task(cfg, settings)
+    print(prepare(task))
+    print(f"wrote {task.processed_dir}")
     return 0
 
 
@@ -61,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Test-split loss, accuracy and confusion matrix of a run's latest checkpoint."""
+    """The task's test-split metrics and figures for a run's latest checkpoint."""
     settings = get_settings()
     from .evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
 

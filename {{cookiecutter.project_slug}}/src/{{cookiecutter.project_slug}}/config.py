@@ -1,8 +1,12 @@
 """Typed configuration: dataclasses, TOML files and `section.key=value` overrides.
 
 The dataclasses below are the single source of every setting and its default; the TOML files in
-`configs/` only override them. Values are type-checked on load, so a typo or a wrong type stops
-the program with one line that names the key, before any data is touched.
+`configs/` only override them, in this order: `configs/train.toml` (settings of the project
+and its cluster), then `configs/tasks/<task.name>.toml` (the task's own settings and
+hyperparameters), then `section.key=value` overrides on the command line. Values are
+type-checked on load, so a typo or a wrong type stops the program with one line that names the
+key, before any data is touched. The `[task]` section's keys other than `name` are the fields
+of the task's `Options` dataclass (see task.py).
 """
 
 import dataclasses
@@ -41,7 +45,6 @@ class RunConfig:
 class DataConfig:
     """Where the data comes from and how batches are fed to the model."""
 
-    dataset: str = "digits"  # digits (the shipped example) | custom (your reader in data.py)
     verify_raw: bool = True  # check data/raw against its manifest before reading it
     val_fraction: float = 0.1
     test_fraction: float = 0.1
@@ -58,13 +61,14 @@ class DataConfig:
 class ModelConfig:
     """Model architecture and how it is compiled."""
 
-    name: str = "mlp"  # mlp | cnn
+    name: str = "mlp"  # an architecture the task knows (models.py has mlp and cnn)
     hidden: int = 256  # MLP width
     depth: int = 2  # MLP hidden layers
     channels: int = 32  # CNN width
     dropout: float = 0.1
     compile: bool = False  # torch.compile: faster steps after a slow first one
     channels_last: bool = False  # faster convolutions on tensor-core GPUs
+    init_from: str = ""  # initial weights: a local state-dict file (fresh runs only)
 
 
 @dataclass
@@ -89,6 +93,17 @@ class DistConfig:
 
     backend: str = "auto"  # auto (nccl on CUDA, gloo otherwise) | nccl | gloo
     timeout_minutes: float = 10.0  # a rank stuck this long aborts instead of hanging
+    # true when some parameters get no gradient in a step (frozen layers, unused branches);
+    # costs a graph traversal per step, so it is off unless a task needs it.
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class TaskConfig:
+    """Which task (tasks/<name>.py) and its own settings (its Options dataclass)."""
+
+    name: str = "digits"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +115,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
 
 # Allowed values of the string settings that are choices.
@@ -107,7 +123,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.tracking": ("csv", "tensorboard", "wandb", "mlflow"),
     "run.progress": ("auto", "bar", "log"),
     "data.in_memory": ("auto", "yes", "no"),
-    "model.name": ("mlp", "cnn"),
     "train.schedule": ("cosine", "constant"),
     "train.precision": ("auto", "bf16", "fp16", "fp32"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
@@ -160,6 +175,14 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
         raise ConfigError(
             f"unknown config key {dotted!r}: use section.key with a section in {sorted(sections)}"
         )
+    if dotted == "data.dataset":  # projects made before template release 0.2.0
+        raise ConfigError(
+            f"data.dataset = {value!r}: replaced by the task seam; write [task] name = "
+            '"digits" (or your task) in configs/train.toml, see docs/bring-your-own-task.md'
+        )
+    if section_name == "task" and key != "name":
+        cfg.task.options[key] = (value, from_text)  # typed once the task is known
+        return
     section = sections[section_name]
     kinds = {f.name: f.type for f in dataclasses.fields(section)}
     if key not in kinds:
@@ -167,11 +190,29 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
     setattr(section, key, _coerce(dotted, value, kinds[key], from_text))
 
 
+def _type_task_options(cfg: Config) -> None:
+    """Coerce the `[task]` settings with the types of the task's Options dataclass."""
+    from .task import option_types  # noqa: PLC0415  (imports the task module and torch)
+
+    kinds = option_types(cfg.task.name)
+    typed = {}
+    for key, (value, from_text) in cfg.task.options.items():
+        if key not in kinds:
+            raise ConfigError(
+                f"unknown config key 'task.{key}'; task {cfg.task.name!r} has "
+                f"{sorted(kinds) or 'no settings'}"
+            )
+        typed[key] = _coerce(f"task.{key}", value, kinds[key], from_text)
+    cfg.task.options = typed
+
+
 def validate(cfg: Config) -> None:
     """Check choices and ranges; raise ConfigError naming the first bad setting."""
     for section_name, section in _sections(cfg).items():
         for f in dataclasses.fields(section):
             key, value = f"{section_name}.{f.name}", getattr(section, f.name)
+            if f.type not in {int, float, bool, str}:
+                continue  # task.options: checked by the task
             if key in CHOICES and value not in CHOICES[key]:
                 raise ConfigError(f"{key}: must be one of {list(CHOICES[key])}, got {value!r}")
             if f.type in {int, float}:
@@ -186,41 +227,70 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.val_fraction + data.test_fraction: must be < 1")
 
 
-def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the TOML file (if given), then `section.key=value` overrides."""
-    cfg = Config()
-    if path is not None:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: invalid TOML: {err}") from None
-        for section_name, table in data.items():
-            if not isinstance(table, dict):
-                raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")
-            for key, value in table.items():
-                _set(cfg, f"{section_name}.{key}", value)
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    for section_name, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")
+    return data
+
+
+def _apply(cfg: Config, data: dict[str, Any]) -> None:
+    for section_name, table in data.items():
+        for key, value in table.items():
+            _set(cfg, f"{section_name}.{key}", value)
+
+
+def _apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
     for item in overrides:
         dotted, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r}: expected section.key=value")
         _set(cfg, dotted.strip(), value, from_text=True)
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    task_dir: Path | None = None,
+) -> Config:
+    """Defaults, the TOML file (if given), `task_dir/<task.name>.toml` (if there), overrides."""
+    layers = [_read_toml(path)] if path is not None else []
+    if task_dir is not None:  # the task's name may come from any layer, the overrides last
+        probe = Config()
+        for data in layers:
+            _apply(probe, data)
+        _apply_overrides(probe, overrides)
+        task_file = task_dir / f"{probe.task.name}.toml"
+        if task_file.is_file():
+            layers.append(_read_toml(task_file))
+    cfg = Config()
+    for data in layers:
+        _apply(cfg, data)
+    _apply_overrides(cfg, overrides)
+    _type_task_options(cfg)
     validate(cfg)
     return cfg
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Nested plain dict of the configuration."""
-    return dataclasses.asdict(cfg)
+    """Nested plain dict of the configuration; the task's settings sit beside its name."""
+    data = dataclasses.asdict(cfg)
+    task = data.pop("task")
+    data["task"] = {"name": task["name"], **task["options"]}
+    return data
 
 
 def from_dict(data: dict[str, dict[str, Any]]) -> Config:
     """Inverse of `to_dict` (used when reading a run's saved configuration)."""
     cfg = Config()
-    for section_name, table in data.items():
-        for key, value in table.items():
-            _set(cfg, f"{section_name}.{key}", value)
+    _apply(cfg, data)
+    _type_task_options(cfg)
     validate(cfg)
     return cfg
 

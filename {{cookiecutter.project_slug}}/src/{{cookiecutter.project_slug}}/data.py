@@ -1,156 +1,106 @@
-"""Data: read raw files (read-only), write processed tensors, load them for training.
+"""Processed data: written all-or-nothing by `prepare`, verified and staged for training.
 
-`prepare` turns `data/raw/` into one file `data/processed/<dataset>.pt` holding seeded
-train/val/test splits as tensors; `train` and `evaluate` read only that file. To use your own
-data set, set `data.dataset = "custom"` and fill in `read_custom` below: it returns all inputs
-and integer labels, and everything downstream (splits, batching, training, evaluation) follows.
+`prepare` runs the task's `prepare` into a temporary folder beside `data/processed/<task>`,
+records the SHA-256 of every file it wrote in `SHA256SUMS`, and only then swaps the folder in:
+a failed or interrupted `prepare` leaves the previous processed data untouched.
+
+Inside a job, `stage` copies that folder once per node to node-local disk (named by the
+environment variable `data.node_tmp_var`): parallel file systems are slow for many small reads
+from many GPUs, node-local disks are fast. The copy is checked against `SHA256SUMS`, so a stale
+or damaged copy is never used.
 """
 
-import gzip
+import hashlib
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .checkpoint import save_atomic
 from .config import Config
 from .errors import DataError
-from .settings import Settings
+from .task import Task
+
+DIGESTS = "SHA256SUMS"
 
 
-@dataclass
-class Split:
-    """Inputs `x` (float32, N x ...) and integer labels `y` (int64, N)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-
-    def __len__(self) -> int:
-        """Number of samples."""
-        return len(self.y)
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-@dataclass
-class Splits:
-    """The three splits plus the class names."""
-
-    train: Split
-    val: Split
-    test: Split
-    classes: list[str]
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample (without the batch dimension)."""
-        return tuple(self.train.x.shape[1:])
-
-    @property
-    def nbytes(self) -> int:
-        """Memory taken by all tensors."""
-        parts = (self.train, self.val, self.test)
-        return sum(t.element_size() * t.nelement() for s in parts for t in (s.x, s.y))
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != DIGESTS)
 
 
-def read_digits(raw_dir: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The UCI optical digits: 1,797 rows of 64 pixel counts (0..16) and the digit label."""
-    path = raw_dir / "digits.csv.gz"
+def write_digests(folder: Path) -> None:
+    """Record `<sha256>  <relative path>` of every file in `folder`."""
+    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in _files(folder)]
+    (folder / DIGESTS).write_text("".join(lines), encoding="utf-8")
+
+
+def read_digests(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} from `folder/SHA256SUMS` (empty when there is none)."""
+    path = folder / DIGESTS
     if not path.is_file():
-        raise DataError(f"{path} not found: the digits example file is missing from data/raw")
-    with gzip.open(path, "rt", encoding="ascii") as f:
-        rows = [[float(v) for v in line.split(",")] for line in f if line.strip()]
-    if not rows or any(len(r) != 65 for r in rows):
-        raise DataError(f"{path}: expected rows of 64 pixels and a label")
-    table = torch.tensor(rows)
-    inputs = (table[:, :64] / 16.0).reshape(-1, 1, 8, 8)
-    return inputs, table[:, 64].long(), [str(d) for d in range(10)]
+        return {}
+    pairs = (line.split("  ", 1) for line in path.read_text(encoding="utf-8").splitlines())
+    return {name: digest for digest, name in pairs}
 
 
-def read_custom(raw_dir: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Your data set: read files under `raw_dir` and return (inputs, labels, class names).
-
-    inputs: float tensor N x C x H x W (or N x F), labels: int64 tensor N with values in
-    0..len(class names)-1. Read only; never write into `raw_dir`. Data too large for one
-    tensor needs its own Dataset class; see `batches.py` for how batches are drawn.
-    """
-    raise DataError(
-        f"data.dataset = 'custom' but read_custom() in {Path(__file__).name} is not written "
-        f"yet: make it read your files from {raw_dir} and return (inputs, labels, classes)"
-    )
-
-
-READERS = {"digits": read_digits, "custom": read_custom}
-
-
-def processed_path(cfg: Config, settings: Settings) -> Path:
-    """Where `prepare` writes and `train` reads the processed data set."""
-    return settings.processed_dir / f"{cfg.data.dataset}.pt"
-
-
-def split_indices(n: int, val: float, test: float, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded random partition of range(n) into train/val/test index tensors."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_val, n_test = round(n * val), round(n * test)
-    return {
-        "val": order[:n_val],
-        "test": order[n_val : n_val + n_test],
-        "train": order[n_val + n_test :],
-    }
+def prepare(task: Task) -> str:
+    """Run the task's `prepare` and swap the result in as `task.processed_dir`."""
+    target = task.processed_dir
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        line = task.prepare(tmp)
+        write_digests(tmp)
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return line
 
 
-def prepare(cfg: Config, settings: Settings) -> Path:
-    """Read the raw data set, split it and write the processed file; return its path."""
-    reader = READERS.get(cfg.data.dataset)
-    if reader is None:
-        raise DataError(f"data.dataset: unknown data set {cfg.data.dataset!r}; add it to READERS")
-    inputs, labels, classes = reader(settings.raw_dir)
-    if len(inputs) != len(labels) or len(labels) == 0:
-        raise DataError(f"{cfg.data.dataset}: got {len(inputs)} inputs and {len(labels)} labels")
-    parts = split_indices(
-        len(labels), cfg.data.val_fraction, cfg.data.test_fraction, cfg.data.split_seed
-    )
-    payload = {
-        name: {"x": inputs[idx].float().contiguous(), "y": labels[idx].long().contiguous()}
-        for name, idx in parts.items()
-    }
-    payload["classes"] = classes
-    out = processed_path(cfg, settings)
-    save_atomic(payload, out)
-    return out
+def stage(folder: Path, cfg: Config, local_rank: int) -> Path:
+    """Inside a job, the node-local copy of `folder` (made by local rank 0); else `folder`.
 
-
-def stage(path: Path, cfg: Config, local_rank: int) -> Path:
-    """Inside a job, copy `path` to the node-local disk named by `data.node_tmp_var`.
-
-    Shared file systems are slow for repeated reads from many GPUs; node-local disks are fast.
-    Local rank 0 copies (atomically); the caller runs a barrier before the other ranks read.
+    The caller runs a barrier before the other ranks read the copy.
     """
     node_tmp = os.environ.get(cfg.data.node_tmp_var, "")
-    if not cfg.data.stage_to_node_tmp or not node_tmp or not Path(node_tmp).is_dir():
-        return path
-    target = Path(node_tmp) / "processed" / path.name
-    if not path.is_file():
-        raise DataError(f"{path} not found: run `prepare` first")
-    source = path.stat()
-    copied = target.stat() if target.exists() else None
-    fresh = copied and (copied.st_size, copied.st_mtime_ns) == (source.st_size, source.st_mtime_ns)
-    if local_rank == 0 and not fresh:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.copy2(path, tmp)  # keeps the modification time: the freshness check above
-        tmp.replace(target)
-        print(f"staged {path} -> {target}", file=sys.stderr)
+    if not cfg.data.stage_to_node_tmp or not folder.is_dir():
+        return folder
+    if not node_tmp or not Path(node_tmp).is_dir():
+        if local_rank == 0 and os.environ.get("SLURM_JOB_ID"):
+            print(
+                f"note: ${cfg.data.node_tmp_var} is not a folder here: reading {folder} from "
+                "the shared file system (slower); set data.node_tmp_var to stage it",
+                file=sys.stderr,
+            )
+        return folder
+    target = Path(node_tmp) / "processed" / folder.name
+    if local_rank == 0:
+        expected = read_digests(folder)
+        if not expected or read_digests(target) != expected:
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(folder, tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            print(f"staged {folder} -> {target}", file=sys.stderr)
+        for name, digest in expected.items():
+            copied = target / name
+            if not copied.is_file() or _sha256(copied) != digest:
+                raise DataError(
+                    f"{folder / name} does not match {folder / DIGESTS}: it changed after "
+                    "prepare; run prepare again"
+                )
     return target
-
-
-def load_splits(path: Path) -> Splits:
-    """Read a processed file written by `prepare`."""
-    if not path.is_file():
-        raise DataError(f"{path} not found: run `prepare` first")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    splits = {
-        name: Split(payload[name]["x"], payload[name]["y"]) for name in ("train", "val", "test")
-    }
-    return Splits(**splits, classes=list(payload["classes"]))

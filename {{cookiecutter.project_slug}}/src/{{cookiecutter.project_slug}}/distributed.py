@@ -173,18 +173,20 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(v) for v in tensor.tolist()]
 
 
-def sum_across(values: list[float], denv: DistEnv, device: torch.device) -> list[float]:
-    """Element-wise sum of `values` over the ranks of `denv`.
+def sum_tensors(
+    sums: dict[str, torch.Tensor], denv: DistEnv, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Each tensor summed over the ranks of `denv` (floats in float64, in sorted key order).
 
-    A single-process `denv` inside a multi-process run (rank 0 alone, e.g. for figures after
-    training) sums nothing: an all-reduce no other rank joins would fail or hang.
+    A single-process `denv` inside a multi-process run (one rank alone, e.g. `evaluate`) sums
+    nothing: an all-reduce no other rank joins would fail or hang.
     """
-    if not (denv.distributed and _active()):
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    summed: list[float] = tensor.tolist()
-    return summed
+    out = {k: v.double() if v.is_floating_point() else v for k, v in sorted(sums.items())}
+    if denv.distributed and _active():
+        for key, value in out.items():
+            out[key] = value.to(device)
+            dist.all_reduce(out[key])
+    return out
 
 
 def gather_objects(obj: Any) -> list[Any]:

@@ -1,17 +1,68 @@
-"""`evaluate`: score a run's latest checkpoint on the test split."""
+"""Evaluation: the task's sums over a split, and the `evaluate` command (test split)."""
 
 import json
 from pathlib import Path
 from typing import Any
 
-from .data import load_splits, processed_path
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from . import checkpoint, distributed
+from .batches import eval_batches, size, to_device
+from .config import Config, from_dict
 from .distributed import DistEnv
 from .errors import CheckpointError
-from .models import build_model
-from .plots import confusion_matrix, plot_confusion
 from .runtime import autocast_dtype, pick_device
 from .settings import Settings
-from .trainer import evaluate_split, load_run
+from .task import Task, load_task
+
+
+@torch.no_grad()
+def split_sums(
+    task: Task,
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    denv: DistEnv,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    workers: int,
+) -> dict[str, torch.Tensor]:
+    """The task's `evaluate` sums over every sample of `dataset`, added over all processes.
+
+    `denv` says which samples this process scores and whose sums are added; `DistEnv()`
+    scores the whole split in this process alone, without any collective. Pass the unwrapped
+    model: DDP's forward would sync buffers, and ranks may see different numbers of batches.
+    """
+    cfg = task.cfg
+    model.eval()
+    sums: dict[str, torch.Tensor] = {}
+    batches = eval_batches(
+        dataset,
+        batch_size=cfg.train.batch_size,
+        denv=denv,
+        seed=cfg.run.seed,
+        device=device,
+        num_workers=workers,
+        prefetch_factor=cfg.data.prefetch_factor,
+    )
+    for raw in batches:
+        batch = to_device(raw, device, cfg.model.channels_last)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            part = task.evaluate(model, batch)
+        for key, value in part.items():
+            sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    model.train()
+    return distributed.sum_tensors(sums, denv, device)
+
+
+def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
+    """The configuration and latest checkpoint of a finished or stopped run."""
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    if state is None:
+        raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}")
+    return from_dict(state["config"]), state
 
 
 def latest_run(runs_dir: Path) -> Path:
@@ -23,38 +74,30 @@ def latest_run(runs_dir: Path) -> Path:
 
 
 def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -> dict[str, Any]:
-    """Test loss and accuracy; writes `evaluation.json` and a confusion matrix figure."""
+    """The task's metrics on the test split; writes `evaluation.json` and the task's figures."""
     cfg, state = load_run(run_dir)
-    splits = load_splits(processed_path(cfg, settings))
+    task = load_task(cfg, settings)
+    datasets = task.datasets(task.processed_dir)
     device = pick_device(device_name, DistEnv())
-    model = build_model(cfg.model, splits.input_shape, len(splits.classes)).to(device)
-    model.load_state_dict(state["model"])
-    dtype = autocast_dtype(cfg.train.precision, device)
-    loss, accuracy, predicted = evaluate_split(
+    model = task.build_model().to(device)
+    checkpoint.load_model(model, state["model"], f"run {run_dir.name}")
+    sums = split_sums(
+        task,
         model,
-        splits.test,
-        batch_size=4 * cfg.train.batch_size,
+        datasets.test,
         denv=DistEnv(),
         device=device,
-        dtype=dtype,
+        dtype=autocast_dtype(cfg.train.precision, device, strict=False),
+        workers=0,
     )
     result = {
         "run": run_dir.name,
+        "task": cfg.task.name,
         "step": state["position"]["step"],
         "split": "test",
-        "samples": len(splits.test),
-        "loss": loss,
-        "accuracy": accuracy,
+        "samples": size(datasets.test),
+        **task.summarize(sums),
     }
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    matrix = confusion_matrix(splits.test.y, predicted, len(splits.classes))
-    figure = plot_confusion(
-        matrix,
-        splits.classes,
-        settings.figures_dir / run_dir.name,
-        "test split",
-        name="confusion_matrix_test.png",
-    )
-    result["figure"] = str(figure)
-    result["per_class_accuracy"] = (matrix.diag() / matrix.sum(1).clamp(min=1)).tolist()
-    return result
+    figures = task.figures(sums, settings.figures_dir / run_dir.name, "test")
+    return {**result, "figures": [str(f) for f in figures]}

@@ -1,6 +1,7 @@
-"""Models: a multi-layer perceptron and a small convolutional network for image classes.
+"""Models: a multi-layer perceptron and a small convolutional network.
 
-Add your own model here and a name for it in `build_model` (and in `config.CHOICES`).
+A library for tasks: a task's `build_model` calls `build_model(cfg.model, shape, outputs)` or
+builds its own network. Add an architecture here as a function and a name in `ARCHITECTURES`.
 """
 
 import math
@@ -11,18 +12,18 @@ from .config import ModelConfig
 from .errors import ConfigError
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> nn.Module:
+def mlp(input_shape: tuple[int, ...], outputs: int, cfg: ModelConfig) -> nn.Module:
     """Flatten, then `depth` hidden layers of width `hidden` with GELU and dropout."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for _ in range(cfg.depth):
         layers += [nn.Linear(width, cfg.hidden), nn.GELU(), nn.Dropout(cfg.dropout)]
         width = cfg.hidden
-    layers.append(nn.Linear(width, num_classes))
+    layers.append(nn.Linear(width, outputs))
     return nn.Sequential(*layers)
 
 
-def cnn(input_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> nn.Module:
+def cnn(input_shape: tuple[int, ...], outputs: int, cfg: ModelConfig) -> nn.Module:
     """Two conv-BN-ReLU blocks with pooling, global average pooling and a linear head."""
     channels, width = input_shape[0], cfg.channels
 
@@ -40,12 +41,17 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> nn.
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Dropout(cfg.dropout),
-        nn.Linear(2 * width, num_classes),
+        nn.Linear(2 * width, outputs),
     )
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The model named by `model.name` for inputs of `input_shape`."""
+ARCHITECTURES = {"mlp": mlp, "cnn": cnn}
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """The model named by `model.name` for inputs of `input_shape` and `outputs` outputs."""
+    if cfg.name not in ARCHITECTURES:
+        raise ConfigError(f"model.name: must be one of {sorted(ARCHITECTURES)}, got {cfg.name!r}")
     if cfg.name == "cnn" and len(input_shape) != 3:
         raise ConfigError(f"model.name = 'cnn' needs C x H x W inputs, got shape {input_shape}")
-    return {"mlp": mlp, "cnn": cnn}[cfg.name](input_shape, num_classes, cfg)
+    return ARCHITECTURES[cfg.name](input_shape, outputs, cfg)

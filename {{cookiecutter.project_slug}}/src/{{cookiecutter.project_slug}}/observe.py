@@ -17,7 +17,21 @@ from .errors import ConfigError
 from .tracking import Tracker, open_tracker
 from .tracking import state as tracker_state
 
-FIELDS = ("step", "epoch", "phase", "loss", "accuracy", "lr", "samples_per_s", "elapsed_s")
+
+def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[str, ...]:
+    """The columns of metrics.csv: position, the task's metrics, learning rates, speed."""
+    metrics = [m for m in task_metrics if m != "loss"]
+    return (
+        "step",
+        "epoch",
+        "phase",
+        "loss",
+        *metrics,
+        "lr",
+        *(f"lr_{name}" for name in lr_names),
+        "samples_per_s",
+        "elapsed_s",
+    )
 
 
 class MetricsLog:
@@ -28,10 +42,11 @@ class MetricsLog:
         run_dir: Path,
         tracking: str,
         resume_step: int,
+        fields: tuple[str, ...],
         config: dict[str, Any] | None = None,
         tracker: dict[str, str] | None = None,
     ) -> None:
-        """Open the CSV; on resume drop rows logged after the checkpoint being resumed.
+        """Open the CSV with `fields`; on resume drop rows logged after the checkpoint.
 
         `config` goes to a W&B/MLflow tracker; `tracker` (from the checkpoint) continues its run.
         """
@@ -43,7 +58,8 @@ class MetricsLog:
                 rows = [r for r in csv.DictReader(f) if None not in r.values()]
                 kept = [r for r in rows if int(r["step"]) <= resume_step]
         self._file = self.path.open("w", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
+        self.fields = fields
+        self._csv = csv.DictWriter(self._file, fieldnames=fields, extrasaction="ignore")
         self._csv.writeheader()
         self._csv.writerows(kept)
         self._file.flush()
@@ -60,11 +76,11 @@ class MetricsLog:
 
     def write(self, **row: Any) -> None:
         """Append one row; missing fields stay empty."""
-        self._csv.writerow({k: row.get(k, "") for k in FIELDS})
+        self._csv.writerow({k: row.get(k, "") for k in self.fields})
         self._file.flush()
         if self._tb is not None:
-            for key in ("loss", "accuracy", "lr", "samples_per_s"):
-                if isinstance(row.get(key), float):
+            for key in self.fields[3:]:
+                if key != "elapsed_s" and isinstance(row.get(key), float):
                     self._tb.add_scalar(f"{row['phase']}/{key}", row[key], row["step"])
         if self.tracker is not None:
             self.tracker.log(row["step"], row)

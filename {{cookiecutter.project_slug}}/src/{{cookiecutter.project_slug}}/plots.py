@@ -1,4 +1,4 @@
-"""PNG figures: training curves from metrics.csv and a confusion matrix.
+"""PNG figures: training curves from metrics.csv, a confusion matrix, true vs predicted.
 
 matplotlib's file-only "Agg" backend is selected explicitly: compute nodes have no display.
 """
@@ -20,34 +20,45 @@ def _pyplot() -> ModuleType:
 
 
 def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:
-    """Loss (train and validation) and validation accuracy against the step."""
+    """Loss (train and validation), then each validation metric, against the step."""
     with metrics_csv.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        columns = reader.fieldnames or []
+    not_metrics = {"step", "epoch", "phase", "loss", "samples_per_s", "elapsed_s"}
+    metrics = [
+        c
+        for c in columns
+        if c not in not_metrics
+        and not c.startswith("lr")
+        and any(r[c] for r in rows if r["phase"] == "val")
+    ]
     plt = _pyplot()
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        1 + len(metrics),
+        figsize=(5 * (1 + len(metrics)), 4),
+        layout="constrained",
+        squeeze=False,
+    )
+    ax_loss = axes[0][0]
     for phase in ("train", "val"):
         points = [(int(r["step"]), float(r["loss"])) for r in rows if r["phase"] == phase]
         if points:
             ax_loss.plot(
                 *zip(*points, strict=True), label=phase, marker="." if phase == "val" else None
             )
-    points = [(int(r["step"]), float(r["accuracy"])) for r in rows if r["phase"] == "val"]
-    if points:
-        ax_acc.plot(*zip(*points, strict=True), marker=".", color="tab:orange")
     ax_loss.set(xlabel="optimizer step", ylabel="loss", yscale="log", title="loss")
     ax_loss.legend()
-    ax_acc.set(xlabel="optimizer step", ylabel="accuracy", title="validation accuracy")
+    for ax, name in zip(axes[0][1:], metrics, strict=True):
+        points = [(int(r["step"]), float(r[name])) for r in rows if r["phase"] == "val" and r[name]]
+        ax.plot(*zip(*points, strict=True), marker=".", color="tab:orange")
+        ax.set(xlabel="optimizer step", ylabel=name, title=f"validation {name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "curves.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def confusion_matrix(labels: torch.Tensor, predictions: torch.Tensor, n: int) -> torch.Tensor:
-    """Counts[true, predicted]."""
-    flat = labels.long() * n + predictions.long()
-    return torch.bincount(flat, minlength=n * n).reshape(n, n)
 
 
 def plot_confusion(
@@ -85,6 +96,24 @@ def plot_confusion(
             fontsize=8,
             color="white" if count > threshold else "black",
         )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_true_vs_predicted(
+    hist: torch.Tensor, edge: float, out_dir: Path, title: str, name: str
+) -> Path:
+    """Heat map of a 2-D histogram of (true, predicted) values over [-edge, edge]."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5), layout="constrained")
+    ax.imshow(
+        hist.T.log1p().tolist(), origin="lower", extent=(-edge, edge, -edge, edge), cmap="Blues"
+    )
+    ax.plot([-edge, edge], [-edge, edge], color="tab:red", linewidth=0.8)
+    ax.set(xlabel="true (standardised)", ylabel="predicted", title=f"{title}: true vs predicted")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name
     fig.savefig(path, dpi=120)

@@ -4,6 +4,7 @@ import os
 import random
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from .distributed import DistEnv
@@ -38,17 +39,20 @@ def pick_device(preference: str, denv: DistEnv) -> torch.device:
     return torch.device(preference)
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(precision: str, device: torch.device, strict: bool = True) -> torch.dtype | None:
     """Autocast dtype for `train.precision`, or None for plain fp32.
 
     `auto` uses bf16 on CUDA GPUs that support it (Ampere and newer): about as accurate as fp32
     for training, much faster on tensor cores, and needs no loss scaling. On CPUs bf16 is
-    rarely faster, so `auto` stays in fp32 there.
+    rarely faster, so `auto` stays in fp32 there. fp16 off CUDA is an error when training
+    (`strict`) and plain fp32 when only evaluating a run trained in fp16.
     """
     if precision == "auto":
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if cuda_bf16 else None
     if precision == "fp16" and device.type != "cuda":
+        if not strict:
+            return None
         raise ConfigError("train.precision: fp16 needs a CUDA device (use bf16 or fp32)")
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
@@ -69,8 +73,9 @@ def configure_backends(deterministic: bool) -> None:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's generators (CPU and all GPUs)."""
+    """Seed Python's, numpy's and torch's generators (CPU and all GPUs)."""
     random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 

@@ -2,7 +2,9 @@
 
 Read top to bottom: set-up (devices, process group, data, model), resume, the loop, the end.
 The loop only does work a hand-written loop would do; everything else (logging, checkpoint and
-stop decisions) happens every `log_every_steps` steps or at step boundaries.
+stop decisions) happens every `log_every_steps` steps or at step boundaries. Everything that
+belongs to the research problem (data, model, loss, metrics, figures) is asked of the task
+(task.py); nothing here needs an edit for a new problem.
 """
 
 import datetime
@@ -18,18 +20,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed
-from .batches import eval_batches, make_train_batches
-from .config import Config, from_dict, to_dict, to_toml
-from .data import Split, Splits, load_splits, processed_path, stage
-from .errors import CheckpointError, ConfigError, DataError
-from .models import build_model
-from .observe import MetricsLog, Progress, Timers, format_summary
-from .plots import confusion_matrix, plot_confusion, plot_curves
+from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
+from .config import Config, to_dict, to_toml
+from .data import stage
+from .errors import ConfigError, DataError
+from .evaluate import split_sums
+from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields
+from .plots import plot_curves
 from .preemption import EXIT_REQUEUE, StopRequest, catch_stop_signals
 from .runtime import (
     autocast_dtype,
@@ -40,6 +43,7 @@ from .runtime import (
     seed_everything,
 )
 from .settings import Settings, get_settings
+from .task import Batch, Datasets, Task, load_task
 
 
 @dataclass
@@ -88,9 +92,11 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """All random generator states of this process."""
+    """All random generator states of this process (as types `torch.load` reads safely)."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     return {
         "python": random.getstate(),
+        "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
     }
@@ -99,54 +105,16 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Inverse of `rng_state`."""
     random.setstate(state["python"])
+    keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices and kernels only, not on biases and norm scales."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-@torch.no_grad()
-def evaluate_split(
-    model: nn.Module,
-    split: Split,
-    *,
-    batch_size: int,
-    denv: distributed.DistEnv,
-    device: torch.device,
-    dtype: torch.dtype | None,
-) -> tuple[float, float, torch.Tensor]:
-    """Mean loss, accuracy and this rank's predictions (in sample order) on a split.
-
-    `denv` says which samples this process scores and whose sums are added; `DistEnv()`
-    scores the whole split in this process alone, without any collective.
-
-    Pass the unwrapped model: DDP's forward would sync buffers, and ranks may see different
-    numbers of evaluation batches.
-    """
-    model.eval()
-    loss_sum, correct, count, predictions = 0.0, 0.0, 0.0, []
-    for x, y in eval_batches(split.x, split.y, batch_size, denv, device):
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            logits = model(x)
-        loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum").item()
-        predicted = logits.argmax(dim=1)
-        correct += (predicted == y).sum().item()
-        count += len(y)
-        predictions.append(predicted.cpu())
-    model.train()
-    loss_sum, correct, count = distributed.sum_across([loss_sum, correct, count], denv, device)
-    return loss_sum / max(count, 1), correct / max(count, 1), torch.cat(predictions)
-
-
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return [
-        f"{section}.{key}: {old[section].get(key)!r} -> {value!r}"
+        f"{section}.{key}: {old.get(section, {}).get(key)!r} -> {value!r}"
         for section, table in new.items()
         for key, value in table.items()
         if old.get(section, {}).get(key) != value
@@ -155,16 +123,17 @@ def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]
 
 def train(
     cfg: Config,
-    splits: Splits | None = None,
+    task: Task | None = None,
     settings: Settings | None = None,
     check_raw: Callable[[], None] | None = None,
 ) -> Result:
     """Train (or resume) the run named by the configuration.
 
-    Without `splits` the processed data set is loaded, after rank 0 has run `check_raw`
-    (the raw-data verification) and told the other ranks its verdict.
+    Without `task` the configured one is loaded; its processed data is read after rank 0 has
+    run `check_raw` (the raw-data verification) and told the other ranks its verdict.
     """
     settings = settings or get_settings()
+    task = task or load_task(cfg, settings)
     denv = distributed.resolve_env()
     configure_backends(cfg.run.deterministic)
     limit_threads(denv)
@@ -173,16 +142,17 @@ def train(
     with catch_stop_signals() as stop:
         distributed.init(denv, device, cfg.dist.backend, cfg.dist.timeout_minutes)
         try:
-            if splits is None:
-                splits = _load_checked(cfg, settings, denv, check_raw)
-            return Trainer(cfg, splits, settings, denv, device).run(stop)
+            datasets = _load_checked(task, cfg, denv, check_raw)
+            trainer = Trainer(cfg, task, datasets, settings=settings, denv=denv, device=device)
+            with trainer:
+                return trainer.run(stop)
         finally:
             distributed.shutdown()
 
 
 def _load_checked(
-    cfg: Config, settings: Settings, denv: distributed.DistEnv, check_raw: Callable[[], None] | None
-) -> Splits:
+    task: Task, cfg: Config, denv: distributed.DistEnv, check_raw: Callable[[], None] | None
+) -> Datasets:
     problem = None
     if denv.is_main and check_raw is not None:
         try:
@@ -191,24 +161,36 @@ def _load_checked(
             problem = str(err)
     if problem := distributed.broadcast_object(problem):
         raise DataError(problem)
-    path = stage(processed_path(cfg, settings), cfg, denv.local_rank)
-    distributed.barrier()  # local rank 0 has finished staging
-    return load_splits(path)
+    data_dir, problem = task.processed_dir, None
+    try:
+        data_dir = stage(task.processed_dir, cfg, denv.local_rank)
+    except DataError as err:
+        problem = str(err)
+    # Also the barrier: every local rank 0 has finished staging.
+    if problems := [p for p in distributed.gather_objects(problem) if p]:
+        raise DataError(problems[0])
+    return task.datasets(data_dir)
 
 
 class Trainer:
-    """State of one training process; `run` is the loop."""
+    """State of one training process; `run` is the loop.
+
+    Use it in a `with` block: leaving the block shuts the DataLoader workers down, whichever
+    way training ends.
+    """
 
     def __init__(
         self,
         cfg: Config,
-        splits: Splits,
+        task: Task,
+        datasets: Datasets,
+        *,
         settings: Settings,
         denv: distributed.DistEnv,
         device: torch.device,
     ) -> None:
-        """Build batches, model, optimizer and schedule (no files are touched yet)."""
-        self.cfg, self.splits, self.settings = cfg, splits, settings
+        """Build model, optimizer, schedule and batches (no files are touched yet)."""
+        self.cfg, self.task, self.datasets, self.settings = cfg, task, datasets, settings
         self.denv, self.device = denv, device
         self.say: Callable[[str], None] = (
             partial(print, flush=True) if denv.is_main else (lambda _: None)
@@ -217,46 +199,48 @@ class Trainer:
         self.run_dir = settings.runs_dir / self.name
         self.ckpt_dir = self.run_dir / "checkpoints"
 
-        self.in_memory = cfg.data.in_memory == "yes" or (
-            cfg.data.in_memory == "auto" and splits.nbytes <= cfg.data.in_memory_max_gb * 1e9
+        for split in ("train", "val"):
+            check_first_sample(datasets.get(split), f"task {task.name}: {split} data set")
+        train_set = datasets.train
+        nbytes = tensor_bytes(train_set)
+        if cfg.data.in_memory == "yes" and nbytes is None:
+            raise ConfigError(
+                f"data.in_memory = 'yes' needs a TensorDataset; task {task.name}'s train set "
+                f"is a {type(train_set).__name__}: use 'auto' or 'no'"
+            )
+        self.in_memory = nbytes is not None and (
+            cfg.data.in_memory == "yes"
+            or (cfg.data.in_memory == "auto" and nbytes <= cfg.data.in_memory_max_gb * 1e9)
         )
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
-        self.batches = make_train_batches(
-            splits.train.x,
-            splits.train.y,
-            in_memory=self.in_memory,
-            batch_size=cfg.train.batch_size,
-            denv=denv,
-            seed=cfg.run.seed,
-            device=device,
-            num_workers=self.workers,
-            prefetch_factor=cfg.data.prefetch_factor,
-        )
         self.accum = cfg.train.grad_accum_steps
-        self.steps_per_epoch = len(self.batches) // self.accum
+        batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
+        self.steps_per_epoch = batches_per_epoch // self.accum
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
-                f"{self.accum} accumulation steps exceeds the {len(splits.train)} training samples"
+                f"{self.accum} accumulation steps exceeds the {size(train_set)} training samples"
             )
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        self.net = build_model(cfg.model, splits.input_shape, len(splits.classes)).to(device)
+        self.net = task.build_model().to(device)
         if cfg.model.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.model: nn.Module = self.net
         if denv.distributed:
-            ids = [device.index] if device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.net, device_ids=ids)
+            self.model = DistributedDataParallel(
+                self.net,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=cfg.dist.find_unused_parameters,
+            )
         if cfg.model.compile:
             self.model = torch.compile(self.model)
         self.optimizer = torch.optim.AdamW(
-            param_groups(self.net, cfg.train.weight_decay),
-            lr=cfg.train.lr,
-            fused=device.type == "cuda",
-        )  # one kernel for all parameters instead of many
+            task.param_groups(self.net), lr=cfg.train.lr, fused=device.type == "cuda"
+        )  # fused: one kernel for all parameters instead of many
+        self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             partial(
@@ -276,6 +260,26 @@ class Trainer:
         self.metrics: MetricsLog | None = None
         self.tracker_saved: dict[str, str] | None = None  # W&B/MLflow run to continue
         self.last_val: dict[str, float] = {}
+        self.last_sums: dict[str, torch.Tensor] = {}
+        # Last: the DataLoader workers start here, so nothing above can leave them behind.
+        self.batches = make_train_batches(
+            train_set,
+            in_memory=self.in_memory,
+            batch_size=cfg.train.batch_size,
+            denv=denv,
+            seed=cfg.run.seed,
+            device=device,
+            num_workers=self.workers,
+            prefetch_factor=cfg.data.prefetch_factor,
+        )
+
+    def __enter__(self) -> "Trainer":
+        """Nothing to start: the batches exist already."""
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Shut the DataLoader workers down (also after an exception or a stop signal)."""
+        self.batches.close()
 
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
@@ -286,8 +290,15 @@ class Trainer:
         state = checkpoint.load_latest(self.ckpt_dir)
         if state is None:
             self.say(f"run {self.name}: no checkpoint in {self.ckpt_dir}, starting fresh")
+            if self.cfg.model.init_from:
+                self.load_initial_weights(Path(self.cfg.model.init_from))
             return False
-        self.net.load_state_dict(state["model"])
+        if state["config"].get("task", {}).get("name", "digits") != self.task.name:
+            raise ConfigError(
+                f"task.name: run {self.name} was trained with task "
+                f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
+            )
+        checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -310,6 +321,25 @@ class Trainer:
             f"(epoch {self.pos.epoch}, batch {self.pos.batch})"
         )
         return True
+
+    def load_initial_weights(self, path: Path) -> None:
+        """`model.init_from`: a state dict (or a checkpoint with one) for the task's target."""
+        if not path.is_absolute():
+            path = self.settings.project_root / path
+        if not path.is_file():
+            raise ConfigError(f"model.init_from: no file {path}")
+        try:
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # any unreadable file: one line, not a traceback
+            raise ConfigError(
+                f"model.init_from: {path} is not a PyTorch weights file: {err}"
+            ) from None
+        if isinstance(weights, dict) and isinstance(weights.get("model"), dict):
+            weights = weights["model"]  # a checkpoint of another run
+        checkpoint.load_model(
+            self.task.pretrained_target(self.net), weights, f"model.init_from {path}"
+        )
+        self.say(f"initial weights from {path}")
 
     def save_checkpoint(self) -> None:
         """Write a checkpoint for the current step (every rank calls this)."""
@@ -334,14 +364,19 @@ class Trainer:
         self.timers.add("checkpoint", start)
 
     # --- one step -----------------------------------------------------------------------
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, sync: bool) -> torch.Tensor:
+    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         """Loss of one micro-batch, gradients accumulated (all-reduced only when `sync`)."""
         no_sync = self.model.no_sync if self.denv.distributed and not sync else nullcontext
-        if self.cfg.model.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        if self.cfg.model.channels_last:
+            batch = to_device(batch, self.device, channels_last=True)
         with no_sync():
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-                loss = nn.functional.cross_entropy(self.model(x), y)
+                loss = self.task.loss(self.model, batch)
+            if loss.dim() != 0:
+                raise DataError(
+                    f"task {self.task.name}: loss() must return a scalar (the batch mean), "
+                    f"got shape {list(loss.shape)}"
+                )
             self.scaler.scale(loss / self.accum if self.accum > 1 else loss).backward()
         return loss.detach()
 
@@ -359,25 +394,25 @@ class Trainer:
         self.pos.samples += self.global_batch
 
     def validate(self) -> None:
-        """Validation loss and accuracy, logged as a `val` row."""
+        """The task's metrics on the validation split, logged as a `val` row."""
         start = time.perf_counter()
-        loss, acc, _ = evaluate_split(
+        self.last_sums = split_sums(
+            self.task,
             self.net,
-            self.splits.val,
-            batch_size=self.cfg.train.batch_size,
+            self.datasets.val,
             denv=self.denv,
             device=self.device,
             dtype=self.dtype,
+            workers=self.workers,
         )
+        self.last_val = self.task.summarize(self.last_sums)
         self.timers.add("eval", start)
-        self.last_val = {"val_loss": loss, "val_accuracy": acc}
         if self.metrics is not None:
             self.metrics.write(
                 step=self.pos.step,
                 epoch=self.pos.epoch,
                 phase="val",
-                loss=loss,
-                accuracy=acc,
+                **self.last_val,
                 elapsed_s=round(time.perf_counter() - self.timers.start, 3),
             )
 
@@ -409,10 +444,12 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
+            fields = metric_fields(self.task.metrics, self.lr_names)
             self.metrics = MetricsLog(
                 self.run_dir,
                 self.cfg.run.tracking,
                 self.pos.step,
+                fields,
                 to_dict(self.cfg),
                 self.tracker_saved,
             )
@@ -434,6 +471,8 @@ class Trainer:
         outcome, segment_steps = self._loop(progress, stop)
         progress.close()
         self.save_checkpoint()  # no-op when this step is saved already
+        if not outcome and self.cfg.run.figures and not self.last_sums:
+            self.validate()  # a finished run started again: its figures need the sums
         if outcome == "stop":
             self.say(
                 f"stop signal ({stop.signal_name or 'on another rank'}): checkpoint at step "
@@ -450,7 +489,7 @@ class Trainer:
             "step": self.pos.step,
             "epoch": self.pos.epoch,
             "total_steps": self.total_steps,
-            **self.last_val,
+            **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
         }
@@ -464,13 +503,14 @@ class Trainer:
         loss_sum, loss_count = torch.zeros((), device=self.device), 0
         log_every = self.cfg.run.log_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
+            self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
             micro, tick = 0, time.perf_counter()
-            for x, y in self.batches.iterate(self.pos.batch):
+            for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
-                loss_sum += self.forward_backward(x, y, sync=micro == self.accum)
+                loss_sum += self.forward_backward(batch, sync=micro == self.accum)
                 loss_count += 1
                 if micro < self.accum:
                     tick = self.timers.add("compute", tick)
@@ -484,7 +524,8 @@ class Trainer:
                 if self.pos.step % log_every == 0:
                     stats = {
                         "loss": loss_sum.item() / loss_count,
-                        "lr": self.scheduler.get_last_lr()[0],
+                        "lr": self.optimizer.param_groups[0]["lr"],
+                        **self.named_lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
                     loss_sum.zero_()
@@ -495,11 +536,8 @@ class Trainer:
                 epoch_done = self.pos.batch >= self.steps_per_epoch * self.accum
                 if epoch_done:
                     self.validate()
-                    progress.message(
-                        f"epoch {self.pos.epoch} step {self.pos.step}: "
-                        f"val loss {self.last_val['val_loss']:.4f} "
-                        f"acc {self.last_val['val_accuracy']:.4f}"
-                    )
+                    values = " ".join(f"{k} {v:.4f}" for k, v in self.last_val.items())
+                    progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
                 if outcome := self.decide(stop.requested, epoch_done, segment_steps):
                     return outcome, segment_steps
@@ -509,6 +547,10 @@ class Trainer:
             else:  # batches ran out before the epoch's last step: never retry the same epoch
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
+
+    def named_lrs(self) -> dict[str, float]:
+        """The current learning rate of each named parameter group."""
+        return {f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups if "name" in g}
 
     def log_train(self, stats: dict[str, float]) -> None:
         """A `train` row in the metrics and a GPU utilisation sample."""
@@ -533,23 +575,6 @@ class Trainer:
         if summary["status"] == "finished" and self.cfg.run.figures:
             figures = self.settings.figures_dir / self.name
             plot_curves(self.run_dir / "metrics.csv", figures)
-            _, _, predicted = evaluate_split(
-                self.net,
-                self.splits.val,
-                batch_size=self.cfg.train.batch_size,
-                denv=distributed.DistEnv(),
-                device=self.device,
-                dtype=self.dtype,
-            )
-            matrix = confusion_matrix(self.splits.val.y, predicted, len(self.splits.classes))
-            plot_confusion(matrix, self.splits.classes, figures, "validation split")
+            self.task.figures(self.last_sums, figures, "val")
             self.say(f"figures: {figures}")
         self.say(f"run directory: {self.run_dir}")
-
-
-def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
-    """The configuration and latest checkpoint of a finished or stopped run."""
-    state = checkpoint.load_latest(run_dir / "checkpoints")
-    if state is None:
-        raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}")
-    return from_dict(state["config"]), state

@@ -1,0 +1,283 @@
+"""The seam between your research and the training machinery: the `Task` class.
+
+A task says everything that is specific to one research problem: how raw data becomes
+processed data, the train/val/test data sets, the model, the loss of a batch, the metrics, the
+optimizer's parameter groups, what happens at the start of an epoch and which figures are
+worth drawing. The trainer, checkpoints, distribution, stop signals, logging and the time
+report call only these methods, so a new problem is a new module in `tasks/` plus a config file
+in `configs/tasks/`, and no other file changes.
+
+A task is chosen by the config key `task.name`: `digits` is the module `tasks/digits.py`; a
+name with a dot is a full module path (`mylab.tasks.segmentation`). The module names its class
+in `TASK = MyTask`. Task-specific settings are the fields of the class's `Options` dataclass,
+set in the `[task]` section of the config and on the command line (`task.freeze_epochs=2`).
+
+The one rule for random data augmentation: draw random numbers inside a data set's
+`__getitem__` from torch, `random` or numpy (or from `sample_generator()`), never from a
+generator object created elsewhere. The loader seeds those three from (run.seed, epoch, sample
+index) for every sample, so the same sample gets the same augmentation whichever worker loads
+it, and a resumed run sees exactly the samples an uninterrupted one would.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from .config import Config
+from .errors import ConfigError, DataError
+from .settings import Settings
+
+Batch = Any
+"""What a DataLoader yields: a tensor, or tuples, lists and dicts of tensors (any nesting)."""
+
+
+@dataclass
+class Datasets:
+    """The three splits as map-style data sets (`__len__` and `__getitem__`)."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+
+    def get(self, split: str) -> Dataset:
+        """The data set of `split` ("train", "val" or "test")."""
+        return {"train": self.train, "val": self.val, "test": self.test}[split]
+
+
+@dataclass
+class NoOptions:
+    """A task without settings of its own."""
+
+
+class Task(ABC):
+    """Base class of every task: override the abstract methods, and others where needed.
+
+    The trainer calls, in this order: `datasets`, `build_model`, `param_groups`, then per epoch
+    `on_epoch_start` and per batch `loss`; for validation and `evaluate`, `evaluate` per batch,
+    then `summarize` and `figures` on the sums added over all batches and processes.
+    """
+
+    Options: ClassVar[type] = NoOptions
+    """Dataclass of the task's own settings (the `[task]` section of the config)."""
+
+    metrics: ClassVar[tuple[str, ...]] = ("loss",)
+    """Names `summarize` returns, in the order of the metrics.csv columns; "loss" first."""
+
+    def __init__(self, cfg: Config, settings: Settings) -> None:
+        """Keep the configuration; `self.options` holds the `[task]` settings, typed."""
+        self.cfg, self.settings = cfg, settings
+        self.options: Any = self.Options(**cfg.task.options)
+
+    @property
+    def name(self) -> str:
+        """The task's name (`task.name`)."""
+        return self.cfg.task.name
+
+    @property
+    def processed_dir(self) -> Path:
+        """Where `prepare` leaves this task's processed data: data/processed/<task name>."""
+        return self.settings.processed_dir / self.name
+
+    # --- data ---------------------------------------------------------------------------
+    def prepare(self, out_dir: Path) -> str:
+        """Read `settings.raw_dir` (read-only) and write processed files into `out_dir`.
+
+        `out_dir` is a fresh temporary folder that replaces `processed_dir` only when this
+        returns, so a failure leaves the previous processed data intact. Return one line that
+        describes what was written. The default: nothing to prepare.
+        """
+        del out_dir
+        return f"task {self.name}: nothing to prepare"
+
+    @abstractmethod
+    def datasets(self, data_dir: Path) -> Datasets:
+        """The train/val/test data sets, read from `data_dir`.
+
+        `data_dir` is the processed folder or its copy on node-local disk. A `TensorDataset`
+        that fits in memory is fed from the device without a DataLoader; any other data set
+        goes through DataLoader workers.
+        """
+
+    # --- model and optimisation -----------------------------------------------------------
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A new model with its initial weights (called after `datasets`)."""
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups.
+
+        A group may set its own "lr" and a "name" (each named group's learning rate is logged
+        as `lr_<name>`). Default: weight decay on matrices and kernels only, not on biases and
+        norm scales.
+        """
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        rest = [p for p in model.parameters() if p.ndim < 2]
+        return [
+            {"params": decay, "weight_decay": self.cfg.train.weight_decay},
+            {"params": rest, "weight_decay": 0.0},
+        ]
+
+    def pretrained_target(self, model: nn.Module) -> nn.Module:
+        """The part of the model that `model.init_from`'s weights are loaded into."""
+        return model
+
+    def on_epoch_start(self, model: nn.Module, epoch: int) -> None:  # noqa: B027  (optional)
+        """Called before each epoch (also the epoch a run resumes in): freeze layers, etc.
+
+        Parameters that get no gradient under DDP need `dist.find_unused_parameters = true`.
+        """
+
+    # --- loss, metrics, figures -----------------------------------------------------------
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The mean loss of a training batch (a scalar tensor); runs under autocast."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        """Sums over the batch: loss sum, counts, histograms, ...
+
+        They are added over all batches and processes, so every metric must come from sums
+        or counts.
+        """
+
+    @abstractmethod
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The metrics (named in `metrics`) from the added-up sums of a split."""
+
+    def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
+        """Figures of a split from its sums (the training curves are drawn for every task)."""
+        del sums, out_dir, split
+        return []
+
+
+# --- choosing a task --------------------------------------------------------------------
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def task_class(name: str) -> type[Task]:
+    """The class named by `task.name`, from `tasks/<name>.py` or a dotted module path."""
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"task.name: {name!r} is not a module name (letters, digits, _)")
+    package = __package__ or ""
+    module_name = name if "." in name else f"{package}.tasks.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            raise  # the task module exists but imports something missing: show that
+        raise ConfigError(
+            f"task.name: no task {name!r}; tasks here: {', '.join(available()) or 'none'} "
+            f"(a task is a module in src/{package}/tasks/)"
+        ) from None
+    cls = getattr(module, "TASK", None)
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"task.name: module {module_name} sets no TASK = <a Task subclass>")
+    return cls
+
+
+def available() -> list[str]:
+    """Names of the task modules in `tasks/`."""
+    folder = Path(__file__).with_name("tasks")
+    return sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_"))
+
+
+def option_types(name: str) -> dict[str, type]:
+    """The `[task]` settings of a task and their types (from its `Options` dataclass)."""
+    return {f.name: f.type for f in dataclasses.fields(task_class(name).Options)}
+
+
+def load_task(cfg: Config, settings: Settings) -> Task:
+    """An instance of the configured task."""
+    return task_class(cfg.task.name)(cfg, settings)
+
+
+# --- per-sample random numbers ------------------------------------------------------------
+_current: torch.Generator | None = None
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed that depends on (seed, epoch, index) only."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextmanager
+def seeded_sample(seed: int) -> Iterator[None]:
+    """Seed torch, `random` and numpy for one sample; restore their states afterwards."""
+    global _current  # noqa: PLW0603  (one generator per process, for sample_generator())
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    _current = torch.Generator().manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+        _current = None
+
+
+def sample_generator() -> torch.Generator:
+    """The generator of the sample being loaded (inside a data set's `__getitem__`)."""
+    if _current is None:
+        raise RuntimeError("sample_generator() is only available while a sample is loaded")
+    return _current
+
+
+# --- checks and helpers for tasks ----------------------------------------------------------
+def check_structure(item: Any, where: str, path: str = "") -> None:
+    """Raise DataError unless `item` is tensors/numbers in (nested) tuples, lists, dicts."""
+    if isinstance(item, torch.Tensor | int | float | bool | np.ndarray | np.number):
+        return
+    if isinstance(item, Mapping):
+        for key, value in item.items():
+            check_structure(value, where, f"{path}[{key!r}]")
+        return
+    if isinstance(item, tuple | list) and item:
+        for i, value in enumerate(item):
+            check_structure(value, where, f"{path}[{i}]")
+        return
+    raise DataError(
+        f"{where}{path} is {type(item).__module__}.{type(item).__qualname__}: samples must be "
+        "tensors or numbers, or tuples, lists and dicts of them"
+    )
+
+
+def class_labels(values: torch.Tensor, num_classes: int, source: str) -> torch.Tensor:
+    """Float or integer labels as int64, refusing anything that is not a class index."""
+    values = values.double()
+    bad = (values != values.round()) | (values < 0) | (values >= num_classes)
+    if bad.any():
+        first = int(bad.nonzero()[0, 0])
+        raise DataError(
+            f"{source}: a classification task needs whole-number labels 0..{num_classes - 1}, "
+            f"got {values[first].item():g} (sample {first}); continuous targets need a "
+            "regression task (see tasks/regression.py)"
+        )
+    return values.long()
+
+
+def split_indices(n: int, val: float, test: float, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random partition of range(n) into train/val/test index tensors."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_val, n_test = round(n * val), round(n * test)
+    return {
+        "val": order[:n_val],
+        "test": order[n_val : n_val + n_test],
+        "train": order[n_val + n_test :],
+    }

@@ -1,0 +1,102 @@
+"""Ready-made loss, metrics and figures for the two most common kinds of task.
+
+Subclass `Classification` or `Regression` and write only the data and the model; batches are
+`(inputs, targets)` pairs. For anything else, subclass `task.Task` directly.
+"""
+
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .plots import plot_confusion, plot_true_vs_predicted
+from .task import Batch, Task
+
+
+class Classification(Task):
+    """Cross-entropy on logits; accuracy and a confusion matrix.
+
+    `datasets` must set `self.classes` (the class names, index = label).
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
+    classes: list[str]
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Mean cross-entropy of the batch."""
+        inputs, labels = batch
+        return nn.functional.cross_entropy(model(inputs).float(), labels)
+
+    def evaluate(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        """Loss sum, sample count and confusion counts [true, predicted]."""
+        inputs, labels = batch
+        logits = model(inputs).float()
+        n = len(self.classes)
+        predicted = logits.argmax(dim=1)
+        confusion = torch.bincount(labels * n + predicted, minlength=n * n).reshape(n, n)
+        return {
+            "loss": nn.functional.cross_entropy(logits, labels, reduction="sum"),
+            "count": torch.tensor(float(len(labels)), device=labels.device),
+            "confusion": confusion,
+        }
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Mean loss and accuracy."""
+        count = max(sums["count"].item(), 1.0)
+        correct = sums["confusion"].diag().sum().item()
+        return {"loss": sums["loss"].item() / count, "accuracy": correct / count}
+
+    def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
+        """The confusion matrix of the split."""
+        name = "confusion_matrix.png" if split == "val" else f"confusion_matrix_{split}.png"
+        return [plot_confusion(sums["confusion"].cpu(), self.classes, out_dir, split, name)]
+
+
+class Regression(Task):
+    """Mean squared error on every output; RMSE, R² and a true-vs-predicted histogram.
+
+    Targets are float tensors of shape N x outputs; `datasets` should standardise them
+    (mean 0, standard deviation 1 on the training split) so that the loss weighs outputs
+    equally and the figure's range `figure_range` covers them.
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("loss", "rmse", "r2")
+    figure_range: ClassVar[float] = 3.0  # the histogram covers [-range, range] on both axes
+    figure_bins: ClassVar[int] = 48
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Mean squared error of the batch."""
+        inputs, targets = batch
+        return nn.functional.mse_loss(model(inputs).float(), targets)
+
+    def evaluate(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        """Per-output sums of squared errors, targets and squared targets; a 2-D histogram."""
+        inputs, targets = batch
+        predicted = model(inputs).float()
+        edge, bins = self.figure_range, self.figure_bins
+        cells = (torch.stack([targets, predicted]).clamp(-edge, edge * 0.9999) + edge) / (2 * edge)
+        cells = (cells * bins).long()
+        hist = torch.bincount((cells[0] * bins + cells[1]).flatten(), minlength=bins * bins)
+        return {
+            "sse": ((predicted - targets) ** 2).sum(dim=0),
+            "target_sum": targets.sum(dim=0),
+            "target_sq_sum": (targets**2).sum(dim=0),
+            "count": torch.tensor(float(len(targets)), device=targets.device),
+            "hist": hist.reshape(bins, bins),
+        }
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """MSE (the loss), RMSE over all outputs, and R² averaged over the outputs."""
+        n = max(sums["count"].item(), 1.0)
+        sse = sums["sse"].double()
+        total = (sums["target_sq_sum"].double() - sums["target_sum"].double() ** 2 / n).clamp(
+            min=1e-12
+        )
+        mse = sse.sum().item() / (n * sse.numel())
+        return {"loss": mse, "rmse": mse**0.5, "r2": (1 - sse / total).mean().item()}
+
+    def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
+        """A 2-D histogram of (true, predicted) values of every output."""
+        name = "true_vs_predicted.png" if split == "val" else f"true_vs_predicted_{split}.png"
+        return [plot_true_vs_predicted(sums["hist"].cpu(), self.figure_range, out_dir, split, name)]

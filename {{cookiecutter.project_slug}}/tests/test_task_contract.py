@@ -1,0 +1,79 @@
+"""Every task in src/<package>/tasks/ keeps the contract the trainer relies on.
+
+A task is checked once its processed data is there (after `prepare`), on a few samples of
+the project's real data: samples that can be batched, a scalar finite loss, evaluation sums
+that add up over batches (so they add up over processes too), the declared metrics, and the
+same initial weights on every process.
+"""
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from conftest import ROOT, pkg
+
+task_mod, config, batches = pkg("task"), pkg("config"), pkg("batches")
+
+
+def configured(name: str):
+    """The task as the command line would load it (configs/train.toml, then its own file)."""
+    configs = ROOT / "configs"
+    path = configs / "train.toml"
+    cfg = config.load_config(
+        path if path.is_file() else None, [f"task.name={name}"], task_dir=configs / "tasks"
+    )
+    task = task_mod.load_task(cfg, pkg("settings").get_settings())
+    if not task.processed_dir.is_dir():
+        pytest.skip(f"task {name}: no processed data yet (run `prepare task.name={name}`)")
+    return task
+
+
+@pytest.fixture(params=task_mod.available())
+def task(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PROJECT_ROOT", str(ROOT))
+    return configured(request.param)
+
+
+def batch_of(dataset: torch.utils.data.Dataset, indices: range) -> object:
+    return default_collate([dataset[i] for i in indices])
+
+
+def test_samples_can_be_batched(task) -> None:
+    sets = task.datasets(task.processed_dir)
+    for split in ("train", "val", "test"):
+        batches.check_first_sample(sets.get(split), f"task {task.name}: {split} data set")
+
+
+def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
+    sets = task.datasets(task.processed_dir)
+    n = min(8, batches.size(sets.val))
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    with torch.no_grad():
+        loss = task.loss(model, batch_of(sets.val, range(n)))
+        whole = task.evaluate(model, batch_of(sets.val, range(n)))
+        halves = [
+            task.evaluate(model, batch_of(sets.val, r)) for r in (range(n // 2), range(n // 2, n))
+        ]
+    assert loss.dim() == 0, "loss() must return the batch mean, a scalar"
+    assert torch.isfinite(loss)
+    assert whole.keys() == halves[0].keys()
+    for key, value in whole.items():
+        added = halves[0][key] + halves[1][key]
+        # float32 sums in another order: equal up to rounding
+        torch.testing.assert_close(
+            added.double(), value.double(), rtol=1e-5, atol=1e-5, msg=f"sum {key!r}"
+        )
+    metrics = task.summarize(whole)
+    assert list(metrics) == list(task.metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_initial_weights_depend_only_on_the_seed(task) -> None:
+    task.datasets(task.processed_dir)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        models.append(task.build_model().state_dict())
+    for key, value in models[0].items():
+        assert torch.equal(value, models[1][key]), key
