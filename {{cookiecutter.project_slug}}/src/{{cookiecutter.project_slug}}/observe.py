@@ -43,6 +43,7 @@ class MetricsLog:
         tracking: str,
         resume_step: int,
         fields: tuple[str, ...],
+        *,
         config: dict[str, Any] | None = None,
         tracker: dict[str, str] | None = None,
     ) -> None:

@@ -450,8 +450,8 @@ class Trainer:
                 self.cfg.run.tracking,
                 self.pos.step,
                 fields,
-                to_dict(self.cfg),
-                self.tracker_saved,
+                config=to_dict(self.cfg),
+                tracker=self.tracker_saved,
             )
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
         self.say(
