@@ -302,7 +302,7 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
         sync = f"uv sync --python {answers['python_version']} --extra {variant}"
         assert sync + (f" --extra {extra}" if extra else "") in install
-        assert "--extra cpu" in dry("install", "TORCH=cpu")
+        assert "--extra cpu" in dry("install", "TORCH_VARIANT=cpu")
     else:
         assert "-m venv .venv" in install
         assert "pip install -e '." + (f"[{extra}]" if extra else "") + "' --group dev" in install

@@ -37,7 +37,7 @@ def _torch_wheel() -> Path | None:
 def installed(
     template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, str | None], float]:
-    """A working copy of the uv bake after `make install TORCH=cpu`; its env; the seconds."""
+    """A working copy of the uv bake after `make install TORCH_VARIANT=cpu`; its env; the seconds."""
     wheel = _torch_wheel()
     if wheel is None:
         pytest.skip("no CPU wheel of torch on disk (PIP_FIND_LINKS) to stand in for its index")
@@ -57,10 +57,10 @@ def installed(
         "UV_PYTHON_DOWNLOADS": "never",  # the Python found here, never a download
     }
     start = time.perf_counter()
-    done = run(["make", "install", "TORCH=cpu"], project, env, timeout=1200)
+    done = run(["make", "install", "TORCH_VARIANT=cpu"], project, env, timeout=1200)
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    print(f"uv-grete: make install TORCH=cpu took {seconds:.0f} s")
+    print(f"uv-grete: make install TORCH_VARIANT=cpu took {seconds:.0f} s")
     return project, env, seconds
 
 
