@@ -91,7 +91,12 @@ class MetricsLog:
         return None if self.tracker is None else tracker_state(self.tracker)
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
-        """Flush and close the files; `summary` (final metrics, time report) goes to a tracker."""
+        """Flush and close the files; `summary` (final metrics, time report) goes to a tracker.
+
+        A second call does nothing.
+        """
+        if self._file.closed:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()

@@ -278,8 +278,10 @@ class Trainer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        """Shut the DataLoader workers down (also after an exception or a stop signal)."""
+        """Shut the DataLoader workers down and close the metrics (also after an exception)."""
         self.batches.close()
+        if self.metrics is not None:  # closed by `report` already, unless training failed
+            self.metrics.close()
 
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
