@@ -37,7 +37,7 @@ def _torch_wheel() -> Path | None:
 def installed(
     template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, str | None], float]:
-    """A working copy of the uv bake after `make install TORCH_VARIANT=cpu`; its env; the seconds."""
+    """The uv bake after `make install TORCH_VARIANT=cpu` (a working copy); its env; seconds."""
     wheel = _torch_wheel()
     if wheel is None:
         pytest.skip("no CPU wheel of torch on disk (PIP_FIND_LINKS) to stand in for its index")
