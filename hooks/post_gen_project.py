@@ -36,6 +36,7 @@ ENV_COMMANDS = {
     "venv": "make install          # .venv with the project, its dev tools and git hooks",
     "conda": "make install          # conda prefix env ./.conda from environment.yml",
     "apptainer": "make container        # build the image (a job on a compute node)",
+    "uv": "make install          # uv sync: .venv from pyproject.toml and uv.lock, git hooks",
 }
 DATA_STEP = {
     "yes": "prepare the example data and train right here (CPU or GPU)",

@@ -1,7 +1,7 @@
 """Bakes and small parsers shared by the working-environment tests (test_environment*.py).
 
 Every environment choice is baked with both cluster presets; the other answers vary across
-the six cases so that each CI service, VSCode choice, tracking backend and Python version
+the eight cases so that each CI service, VSCode choice, tracking backend and Python version
 meets each environment at least once. A bake is made once per test session and shared by
 the three test files; tests that change files work on a copy (``working_copy``).
 """
@@ -59,6 +59,16 @@ CASES: dict[str, dict[str, str]] = {
         "environment": "apptainer",
         "tracking": "tensorboard",
         "project_name": "Deep Digits",
+        "git_init": "no",
+    },
+    "uv-grete": {"environment": "uv", "tracking": "wandb", "git_init": "no"},
+    "uv-generic": {
+        "cluster": "generic",
+        "environment": "uv",
+        "tracking": "mlflow",
+        "ci": "github",
+        "vscode": "no",
+        "python_version": "3.13",
         "git_init": "no",
     },
 }

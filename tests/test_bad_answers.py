@@ -142,7 +142,7 @@ BAD_CHOICES = [
     ("python_version", "3.9"),
     ("cluster", "summit"),
     ("environment", "docker"),
-    ("tracking", "wandb"),
+    ("tracking", "neptune"),
     ("ci", "jenkins"),
 ]
 

@@ -39,6 +39,7 @@ SLUGS = {"my_hpc_project", "digits_workshop", "<slug>"}
 VARIANTS = {
     "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none", "example": "no"},
     "apptainer-github": {"environment": "apptainer", "ci": "github", "snakemake": "yes"},
+    "uv-mlflow": {"environment": "uv", "tracking": "mlflow", "vscode": "no"},
 }
 
 

@@ -69,14 +69,17 @@ def test_pre_commit_needs_no_code_host(case: tuple[Bake, dict[str, str]]) -> Non
     wanted = {
         "ruff-check",
         "ruff-format",
+        "mypy",
+        "codespell",
         "nbstripout",
         "check-added-large-files",
         "raw-data-guard",
     }
     assert wanted <= {hook["id"] for hook in _hooks(result.project)}
-    # The editor and `make format` use the dev extra's ruff: the same version as the hook.
-    dev = pyproject(result.project)["project"]["optional-dependencies"]["dev"]
-    assert f"ruff=={pins['ruff']}" in dev
+    # The editor, `make format` and CI use the dev group's tools: the same versions as the hooks.
+    dev = pyproject(result.project)["dependency-groups"]["dev"]
+    for tool_name in ("ruff", "mypy", "codespell"):
+        assert f"{tool_name}=={pins[tool_name]}" in dev
 
 
 def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path: Path) -> None:
@@ -155,16 +158,35 @@ def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> N
     data = pyproject(result.project)
     assert data["build-system"]["build-backend"] == "setuptools.build_meta"
     assert data["project"]["requires-python"] == f">={answers['python_version']}"
+    # Tracking backends are extras (a user may switch later); dev tools a PEP 735 group.
     extras = data["project"]["optional-dependencies"]
-    assert {"dev", "tensorboard"} <= set(extras)
-    assert any(req.startswith("pytest") for req in extras["dev"])
-    assert any(req.startswith("pre-commit") for req in extras["dev"])
+    assert {"tensorboard", "wandb", "mlflow"} <= set(extras)
+    assert extras["mlflow"][0].startswith("mlflow-skinny")
+    assert "dev" not in extras
+    dev = data["dependency-groups"]["dev"]
+    for name in ("pytest", "pre-commit", "ruff", "mypy", "codespell"):
+        assert any(Requirement(req).name == name for req in dev), name
     pytest_cfg = data["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in pytest_cfg["addopts"]
+    assert pytest_cfg["filterwarnings"][0] == "error"
+    assert pytest_cfg["log_level"] == "INFO"
     assert all((result.project / path).is_dir() for path in pytest_cfg["testpaths"])
     ruff = data["tool"]["ruff"]
-    assert ruff["target-version"] == "py" + answers["python_version"].replace(".", "")
+    assert "target-version" not in ruff  # ruff reads requires-python
     assert {"E", "F", "I", "B", "UP", "D", "S"} <= set(ruff["lint"]["select"])
+    mypy = data["tool"]["mypy"]
+    assert mypy["strict"] is True and mypy["files"] == ["src"]
+    uv = data["tool"].get("uv")
+    assert (uv is not None) == (answers["environment"] == "uv")
+    if uv is not None:
+        variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
+        sources = {s["extra"]: s["index"] for s in uv["sources"]["torch"]}
+        assert sources == {"cpu": "pytorch-cpu", variant: f"pytorch-{variant}"}
+        urls = {index["name"]: index["url"] for index in uv["index"]}
+        assert urls[f"pytorch-{variant}"].endswith(f"/whl/{variant}")
+        assert urls["pytorch-cpu"].endswith("/whl/cpu")
+        assert all(index["explicit"] for index in uv["index"])
+        assert uv["conflicts"] == [[{"extra": "cpu"}, {"extra": variant}]]
 
 
 def test_project_builds_a_wheel_with_its_command(
@@ -216,9 +238,16 @@ def test_ci_file_matches_answer_and_published_schema(case: tuple[Bake, dict[str,
     text = (result.project / path).read_text("utf-8")
     assert "{%" not in text and "{{ cookiecutter" not in text
     assert "pre-commit run --all-files" in text
-    # CPU wheels of torch first, then the project with its dev tools, then the tests.
-    torch = text.index("download.pytorch.org/whl/cpu")
-    assert torch < text.index('install -e ".[dev]"') < text.index("pytest")
+    extra = "" if answers["tracking"] == "csv" else answers["tracking"]
+    if answers["environment"] == "uv":
+        # The committed lock with the CPU build of torch, then the tests in that environment.
+        sync = "uv sync --locked --extra cpu" + (f" --extra {extra}" if extra else "")
+        assert text.index(sync) < text.index("uv run --no-sync pytest")
+    else:
+        # CPU wheels of torch first, then the project with its dev tools, then the tests.
+        torch = text.index("download.pytorch.org/whl/cpu")
+        install = 'install -e ".' + (f"[{extra}]" if extra else "") + '" --group dev'
+        assert torch < text.index(install) < text.index("pytest")
     assert answers["python_version"] in text
     data = yaml.safe_load(text)
     if answers["ci"] == "gitlab":
@@ -264,22 +293,30 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         return done.stdout
 
     install = dry("install")
-    assert f"{env_dir(answers)}/bin/python" in install or f"--prefix {env_dir(answers)}" in install
+    assert f"{env_dir(answers)}/bin/" in install or f"--prefix {env_dir(answers)}" in install
+    extra = "" if answers["tracking"] == "csv" else answers["tracking"]
     if answers["environment"] == "conda":
         assert "--file environment.yml" in install
+        assert "pip install --group dev" in install
+    elif answers["environment"] == "uv":
+        variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
+        sync = f"uv sync --python {answers['python_version']} --extra {variant}"
+        assert sync + (f" --extra {extra}" if extra else "") in install
+        assert "--extra cpu" in dry("install", "TORCH_VARIANT=cpu")
     else:
         assert "-m venv .venv" in install
-        assert "pip install -e '.[dev" in install
-    # torch first, from PyTorch's index: the preset's CUDA build, or the CPU wheel where the
-    # image holds the CUDA one; `make install-cpu` always the CPU wheel.
-    variant = (
-        "cpu"
-        if answers["environment"] == "apptainer"
-        else PRESETS[answers["cluster"]]["torch_variant"]
-    )
-    torch = install.index(f'"torch>=2.4,<3" --index-url https://download.pytorch.org/whl/{variant}')
-    assert torch < install.index("pip install -e '.[")
-    assert "--index-url https://download.pytorch.org/whl/cpu" in dry("install-cpu")
+        assert "pip install -e '." + (f"[{extra}]" if extra else "") + "' --group dev" in install
+    if answers["environment"] != "uv":  # uv reads the variant from its own index settings
+        # torch first, from PyTorch's index: the preset's CUDA build, or the CPU wheel where
+        # the image holds the CUDA one; `make install-cpu` always the CPU wheel.
+        variant = (
+            "cpu"
+            if answers["environment"] == "apptainer"
+            else PRESETS[answers["cluster"]]["torch_variant"]
+        )
+        index = f'"torch>=2.4,<3" --index-url https://download.pytorch.org/whl/{variant}'
+        assert install.index(index) < install.index("pip install -e '.")
+        assert "--index-url https://download.pytorch.org/whl/cpu" in dry("install-cpu")
     submit = dry("submit")
     job = re.search(r"sbatch (\S+)", submit)
     assert job and (project / job[1]).is_file(), submit
@@ -307,16 +344,17 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     assert env["name"] == result.project.name
     assert env["channels"][0] == "conda-forge"
     assert f"python={answers['python_version']}" in env["dependencies"]
+    assert "pip>=25.1" in env["dependencies"]  # installs the dev dependency group
     # No pip part: `make install` adds torch from the preset's wheel index, then the project.
     assert not [d for d in env["dependencies"] if isinstance(d, dict)]
     install = run(["make", "-n", "install"], result.project).stdout
     variant = PRESETS[answers["cluster"]]["torch_variant"]
     torch = install.index(f"--index-url https://download.pytorch.org/whl/{variant}")
-    match = re.search(r"pip install -e '\.\[([\w,]+)\]'", install)
+    match = re.search(r"pip install -e '\.(?:\[([\w,]+)\])?' --group dev", install)
     assert match and torch < match.start(), install
-    extras = set(match[1].split(","))
+    extras = set(match[1].split(",")) if match[1] else set()
     assert extras <= set(pyproject(result.project)["project"]["optional-dependencies"])
-    assert ("tensorboard" in extras) == (answers["tracking"] == "tensorboard")
+    assert extras == ({answers["tracking"]} - {"csv"})
 
 
 @pytest.mark.parametrize(
@@ -359,6 +397,7 @@ def test_readme_first_screen_has_the_environment_commands(
         "venv": ["make install", "source .venv/bin/activate"],
         "conda": ["make install", "conda activate ./.conda"],
         "apptainer": ["make install", "make container"],
+        "uv": ["make install", "git add uv.lock", "source .venv/bin/activate"],
     }[answers["environment"]]
     for line in expected:
         assert line in commands, f"{line!r} missing from the first command block"

@@ -118,7 +118,7 @@ def test_definition_structure(case: tuple[Bake, dict[str, str]]) -> None:
     post = "\n".join(sections["post"])
     assert f"download.pytorch.org/whl/cu{pinned[2]}{pinned[3]}" in post
     assert f'"python={answers["python_version"]}"' in post
-    extras = "[tensorboard]" if answers["tracking"] == "tensorboard" else ""
+    extras = "" if answers["tracking"] == "csv" else f"[{answers['tracking']}]"
     assert f'-m pip install "/opt/{slug}{extras}"' in post
     # %help names the image where the Makefile and the job scripts expect it.
     assert f"container/{slug}.sif" in "\n".join(sections["help"])

@@ -18,7 +18,7 @@ import pytest
 from engines import BIN, ROOT, bake
 
 PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.toml"))
-ENVIRONMENTS = ("venv", "conda", "apptainer")
+ENVIRONMENTS = ("venv", "conda", "apptainer", "uv")
 EXTRAS = (
     {},
     {"account": "proj-01", "mail": "jane.doe@example.org", "nodes": "2"},
@@ -231,7 +231,7 @@ def test_values_in_shell_code_are_quoted(baked) -> None:
     if answers.get("account"):
         assert f"--account='{answers['account']}'" in text
     common = (project / "slurm" / "common.sh").read_text()
-    if answers["environment"] in {"venv", "conda"}:
+    if answers["environment"] in {"venv", "conda", "uv"}:
         wanted = " ".join(f"'{m}'" for m in preset["modules"])
         assert f"load_modules {wanted}".rstrip() in common
 

@@ -57,6 +57,8 @@ def project_requirements() -> list[Requirement]:
     block = text.split("dependencies = [", 1)[1].split("[project.scripts]", 1)[0]
     found = []
     for line in block.splitlines():
+        if "{%" in line or "{{" in line:  # template logic (e.g. the uv torch extras): no new names
+            continue
         code = _EXTRA.sub("", line.split("#", 1)[0])  # an extra: name = ["req", ...]
         found += [Requirement(m.group(1)) for m in _REQUIREMENT.finditer(code)]
     return found + [Requirement(name) for name in SCRIPT_TOOLS]

@@ -11,7 +11,7 @@
 #   AUTO_REQUEUE=1          0: exit after the checkpoint instead of requeueing (chain.sh sets it)
 #   MIN_WORK_SECONDS=120    a job whose limit leaves less training time before the stop
 #                           signal ends at once with an error instead of requeueing itself
-{%- if cookiecutter.environment == 'venv' %}
+{%- if cookiecutter.environment in ('venv', 'uv') %}
 #   VENV_DIR=.venv          the virtual environment (made by `make install`)
 {%- elif cookiecutter.environment == 'conda' %}
 #   CONDA_ENV_DIR=.conda    the conda prefix environment (made by `make install`)
@@ -44,9 +44,40 @@ load_modules() {
     set -u
     log "modules: $*"
 }
-{%- if cookiecutter.environment == 'venv' %}
+
+# The value of NAME from the environment, else from .env (as the Python side reads it).
+env_or_dotenv() {
+    local name=$1 line value=${!1:-}
+    if [[ -z "$value" && -f .env ]]; then
+        line=$(grep -E "^[[:space:]]*(export[[:space:]]+)?$name=" .env | tail -n 1 || true)
+        value=${line#*=}
+        value=${value%\"}; value=${value#\"}; value=${value%\'}; value=${value#\'}
+    fi
+    printf '%s' "$value"
+}
+
+# Caches of the compiler and of model downloads, placed on purpose (the reasons are in
+# .env.example): a value from the environment or .env wins over these defaults.
+set_caches() {
+    local tmp=${!NODE_TMP_VAR:-${TMPDIR:-/tmp}} name value
+    local -A defaults=(
+        [TORCHINDUCTOR_CACHE_DIR]="$tmp/torchinductor"  # many small files: node-local disk
+        [TRITON_CACHE_DIR]="$tmp/triton"                # likewise; default ~/.triton fills $HOME
+        [HF_HOME]="$PWD/.cache/huggingface"             # large downloads: project, not $HOME
+        [TORCH_HOME]="$PWD/.cache/torch"
+    )
+    for name in "${!defaults[@]}"; do
+        value=$(env_or_dotenv "$name")
+        export "$name=${value:-${defaults[$name]}}"
+    done
+}
+{%- if cookiecutter.environment in ('venv', 'uv') %}
 
 # Sets PYTHON (the command that runs Python) for the launch below.
+{%- if cookiecutter.environment == 'uv' %}
+# The project's .venv as `make install` (uv sync) left it: not `uv run`, which would sync it
+# first, on a node that may have no internet and from every rank at once.
+{%- endif %}
 activate_environment() {
     load_modules{% for m in preset.modules %} {{ q(m) }}{% endfor %}
     local venv="${VENV_DIR:-.venv}"
@@ -74,17 +105,6 @@ activate_environment() {
     PYTHON=(python)
 }
 {%- else %}
-
-# The value of NAME from the environment, else from .env (as the Python side reads it).
-env_or_dotenv() {
-    local name=$1 line value=${!1:-}
-    if [[ -z "$value" && -f .env ]]; then
-        line=$(grep -E "^[[:space:]]*(export[[:space:]]+)?$name=" .env | tail -n 1 || true)
-        value=${line#*=}
-        value=${value%\"}; value=${value#\"}; value=${value%\'}; value=${value#\'}
-    fi
-    printf '%s' "$value"
-}
 
 # An absolute path: relative ones are taken from the project root, as the Python side does.
 absolute() { case $1 in /*) printf '%s' "$1" ;; *) printf '%s' "$PWD/$1" ;; esac; }
@@ -339,6 +359,7 @@ run_training() {
     fi
     export PYTHONUNBUFFERED=1
     log_node_storage
+    set_caches
     activate_environment
     launch_command "$@"
     if [[ -n "$STOP_SIGNAL" ]]; then  # the signal came during set-up: nothing to save yet

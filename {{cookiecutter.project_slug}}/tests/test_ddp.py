@@ -81,9 +81,8 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
         if "step 8/" in line:
             rank1.send_signal(signal.SIGUSR1)  # only one rank gets the signal
             break
-    out0 = "".join(lines) + rank0.stdout.read()
+    out0 = "".join(lines) + rank0.communicate(timeout=120)[0]  # the rest; closes the pipe
     out1 = rank1.communicate(timeout=120)[0]
-    rank0.wait(timeout=120)
     assert (rank0.returncode, rank1.returncode) == (3, 3), out0 + out1
     assert "2 process(es) via slurm" in out0
     assert "stop signal (on another rank)" in out0

@@ -51,8 +51,7 @@ def signal_after(proc: subprocess.Popen[str], marker: str, sig: signal.Signals, 
             else:
                 proc.send_signal(sig)
             break
-    lines.append(proc.stdout.read())
-    proc.wait(timeout=60)
+    lines.append(proc.communicate(timeout=60)[0])  # the rest; closes the pipe
     return "".join(lines)
 
 

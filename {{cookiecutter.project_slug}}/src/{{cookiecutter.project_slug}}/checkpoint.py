@@ -118,7 +118,8 @@ def remove_stale_tmp(directory: Path) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     """Read a checkpoint onto the CPU (tensors only; no arbitrary code is unpickled)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
 
 
 def _load_or_warn(path: Path) -> dict[str, Any] | None:

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and `python -m`; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except (ProjectError, RawDataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)

@@ -31,7 +31,7 @@ class RunConfig:
     name: str = ""  # empty: RUN_NAME, then the Slurm (array) job id, then a timestamp
     seed: int = 0
     deterministic: bool = False  # bit-reproducible kernels; slower on GPUs
-    tracking: str = "csv"  # csv | tensorboard (metrics.csv is always written)
+    tracking: str = "csv"  # csv | tensorboard | wandb | mlflow (metrics.csv is always written)
     progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
     log_every_steps: int = 50
     checkpoint_every_steps: int = 0  # 0: only at epoch ends (and on stop signals)
@@ -124,7 +124,7 @@ class Config:
 
 # Allowed values of the string settings that are choices.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "run.tracking": ("csv", "tensorboard"),
+    "run.tracking": ("csv", "tensorboard", "wandb", "mlflow"),
     "run.progress": ("auto", "bar", "log"),
     "run.best_mode": ("min", "max"),
     "data.in_memory": ("auto", "yes", "no"),

@@ -167,7 +167,7 @@ def shutdown() -> None:
 
 
 def _active() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def barrier() -> None:

@@ -59,7 +59,7 @@ def host_to_device_gbs(device: torch.device, mib: int = 256) -> float:
     for _ in range(3):
         host.to(device, non_blocking=True)
     torch.cuda.synchronize(device)
-    return 3 * host.numel() / (time.perf_counter() - start) / 1e9
+    return float(3 * host.numel() / (time.perf_counter() - start) / 1e9)
 
 
 def _software_and_gpus(cuda: bool) -> None:

@@ -30,7 +30,7 @@ class HashCache:
         """Load the cache at ``path`` for files below ``root``; unreadable means empty."""
         self.path = path
         self.root = str(root.resolve())
-        self._entries: dict[str, list] = {}
+        self._entries: dict[str, list[int | str]] = {}
         self._dirty = False
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -50,13 +50,13 @@ class HashCache:
     def get(self, rel: str, st: os.stat_result) -> str | None:
         """The cached sum of ``rel`` if its metadata still equals ``st``, else None."""
         entry = self._entries.get(rel)
-        if entry and entry[:-1] == _key(st):
+        if entry and entry[:-1] == _key(st) and isinstance(entry[-1], str):
             return entry[-1]
         return None
 
     def put(self, rel: str, st: os.stat_result, sha256: str) -> None:
         """Remember that ``rel`` with metadata ``st`` has sum ``sha256``."""
-        entry = [*_key(st), sha256]
+        entry: list[int | str] = [*_key(st), sha256]
         if self._entries.get(rel) != entry:
             self._entries[rel] = entry
             self._dirty = True

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
+from .tracking import Tracker, open_tracker
+from .tracking import state as tracker_state
 
 
 def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[str, ...]:
@@ -34,12 +36,22 @@ def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[s
 
 
 class MetricsLog:
-    """Rows to `metrics.csv` (always) and scalars to TensorBoard (when chosen)."""
+    """Rows to `metrics.csv` (always) and to TensorBoard, W&B or MLflow (when chosen)."""
 
     def __init__(
-        self, run_dir: Path, tracking: str, resume_step: int, fields: tuple[str, ...]
+        self,
+        run_dir: Path,
+        tracking: str,
+        resume_step: int,
+        fields: tuple[str, ...],
+        *,
+        config: dict[str, Any] | None = None,
+        tracker: dict[str, str] | None = None,
     ) -> None:
-        """Open the CSV with `fields`; on resume drop rows logged after the checkpoint."""
+        """Open the CSV with `fields`; on resume drop rows logged after the checkpoint.
+
+        `config` goes to a W&B/MLflow tracker; `tracker` (from the checkpoint) continues its run.
+        """
         self.path = run_dir / "metrics.csv"
         kept: list[dict[str, str]] = []
         if resume_step > 0 and self.path.is_file():
@@ -67,6 +79,7 @@ class MetricsLog:
                     "run.tracking = 'tensorboard' needs the extra: pip install -e '.[tensorboard]'"
                 ) from None
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step)
+        self.tracker: Tracker | None = open_tracker(tracking, run_dir, config or {}, tracker)
 
     def write(self, **row: Any) -> None:
         """Append one row; missing fields stay empty."""
@@ -76,12 +89,26 @@ class MetricsLog:
             for key in self.fields[3:]:
                 if key != "elapsed_s" and isinstance(row.get(key), float):
                     self._tb.add_scalar(f"{row['phase']}/{key}", row[key], row["step"])
+        if self.tracker is not None:
+            self.tracker.log(row["step"], row)
 
-    def close(self) -> None:
-        """Flush and close the files."""
+    def tracker_state(self) -> dict[str, str] | None:
+        """The W&B/MLflow run to continue after a requeue (saved in the checkpoint)."""
+        return None if self.tracker is None else tracker_state(self.tracker)
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        """Flush and close the files; `summary` (final metrics, time report) goes to a tracker.
+
+        A second call does nothing.
+        """
+        if self._file.closed:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self.tracker is not None:
+            self.tracker.summary(summary or {})
+            self.tracker.close()
 
 
 class Progress:

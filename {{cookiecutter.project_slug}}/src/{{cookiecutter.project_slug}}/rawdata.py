@@ -433,13 +433,14 @@ def _resolve(args: argparse.Namespace) -> tuple[Path, Path]:
 def run_data_command(args: argparse.Namespace) -> int:
     """Run ``data freeze`` or ``data verify``; errors become one line on stderr and exit 1."""
     try:
-        return args.data_handler(args)
+        code: int = args.data_handler(args)
+        return code
     except RawDataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
 
-def add_data_command(subparsers: argparse._SubParsersAction) -> None:
+def add_data_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``data freeze [--update] [--full]`` and ``data verify [--full]`` to a CLI.
 
     The parsed namespace gets ``func=run_data_command``, which returns the exit code.

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 RECORD = ".hpc-ml-template.json"
 COPIER_ANSWERS = ".copier-answers.yml"
@@ -75,12 +76,13 @@ def _show(version: Version) -> str:
     return ".".join(map(str, version))
 
 
-def load_record(root: Path) -> dict:
+def load_record(root: Path) -> dict[str, Any]:
     """The release record the template wrote into this project."""
     path = root / RECORD
     if not path.is_file():
         raise StatusError(f"{RECORD} not found: run this in a project made by hpc-ml-template")
-    return json.loads(path.read_text("utf-8"))
+    record: dict[str, Any] = json.loads(path.read_text("utf-8"))
+    return record
 
 
 def _yaml_scalar(text: str) -> str:
@@ -89,7 +91,8 @@ def _yaml_scalar(text: str) -> str:
     if text.startswith("'") and text.endswith("'"):
         return text[1:-1].replace("''", "'")
     if text.startswith('"'):
-        return json.loads(text)
+        value: str = json.loads(text)
+        return value
     return text
 
 

@@ -286,6 +286,7 @@ class Trainer:
         self._held = ExitStack()  # the run directory's lock
         self.saved_step, self.saved_time = -1, time.monotonic()
         self.metrics: MetricsLog | None = None
+        self.tracker_saved: dict[str, str] | None = None  # W&B/MLflow run to continue
         self.last_val: dict[str, float] = {}
         self.last_sums: dict[str, torch.Tensor] = {}
         # Last: the DataLoader workers start here, so nothing above can leave them behind.
@@ -314,8 +315,10 @@ class Trainer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        """Shut the DataLoader workers down and unlock (also after an exception or a signal)."""
+        """Shut the DataLoader workers down, close the metrics and unlock (also after an error)."""
         self.batches.close()
+        if self.metrics is not None:  # closed by `report` already, unless training failed
+            self.metrics.close()
         # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
         # it is not the group's last owner: gloo's destructor joins threads that may need the
         # GIL, and in a reducer's teardown that deadlocked the process at exit.
@@ -342,6 +345,7 @@ class Trainer:
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
         self.load_optimizer(state)
         self.pos = Position(**state["position"])
+        self.tracker_saved = state.get("tracker")
         self.saved_step = self.pos.step
         self.best, self.earlier = state.get("best"), state.get("seconds", {})
         self.restore_order(state)
@@ -443,6 +447,7 @@ class Trainer:
                 "config": to_dict(self.cfg),
                 "best": self.best,
                 "seconds": self.run_seconds(),
+                "tracker": self.metrics.tracker_state() if self.metrics else None,
             }
             checkpoint.save(state, self.ckpt_dir, self.pos.step, self.cfg.run.keep_checkpoints)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
@@ -567,7 +572,14 @@ class Trainer:
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
             provenance.record(self.run_dir, self.settings.project_root, os.environ)
             fields = metric_fields(self.task.metrics, self.lr_names)
-            self.metrics = MetricsLog(self.run_dir, self.cfg.run.tracking, self.pos.step, fields)
+            self.metrics = MetricsLog(
+                self.run_dir,
+                self.cfg.run.tracking,
+                self.pos.step,
+                fields,
+                config=to_dict(self.cfg),
+                tracker=self.tracker_saved,
+            )
         feed = "in-memory batches" if self.in_memory else f"DataLoader, {self.workers} workers"
         self.say(
             f"run {self.name}: {self.denv.world_size} process(es) via {self.denv.launcher}, "
@@ -720,7 +732,7 @@ class Trainer:
     def report(self, summary: dict[str, Any]) -> None:
         """Rank 0: summary.json, the time report, and figures when the run is finished."""
         assert self.metrics is not None  # created on rank 0
-        self.metrics.close()
+        self.metrics.close(summary)
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2) + "\n", encoding="utf-8"
         )

@@ -1,0 +1,134 @@
+"""environment=uv for real: `make install` (uv sync), the project's tests and `make lint`.
+
+uv installs everything from PyPI except torch, which pyproject.toml takes from PyTorch's wheel
+indexes. The test replaces those indexes by name (UV_INDEX, which wins over pyproject.toml)
+with a local index holding the CPU wheel of torch that the test environment was made from:
+no CUDA build is ever downloaded. Other packages come from PyPI through uv's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from engines import BIN
+from envcases import PRESETS, answers_of, baked, run, working_copy
+
+CASE = "uv-grete"
+CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "VIRTUAL_ENV": None}
+
+
+def _torch_wheel() -> Path | None:
+    """The CPU wheel of torch for this Python in pip's find-links folders, if there is one."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    folders = [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]
+    for folder in filter(None, folders):
+        found = sorted(Path(folder).glob(f"torch-*+cpu-{tag}-{tag}-*.whl"))
+        if found:
+            return found[-1]
+    return None
+
+
+@pytest.fixture(scope="module")
+def installed(
+    template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str | None], float]:
+    """The uv bake after `make install TORCH_VARIANT=cpu` (a working copy); its env; seconds."""
+    wheel = _torch_wheel()
+    if wheel is None:
+        pytest.skip("no CPU wheel of torch on disk (PIP_FIND_LINKS) to stand in for its index")
+    index = tmp_path_factory.mktemp("torch-index")
+    (index / "torch").mkdir()
+    (index / "torch" / "index.html").write_text(
+        f'<html><body><a href="{wheel.as_uri()}">{wheel.name}</a></body></html>\n'
+    )
+    variant = PRESETS[answers_of(CASE)["cluster"]].get("torch_variant", "cu128")
+    project = working_copy(
+        baked(CASE, template, tmp_path_factory).project, tmp_path_factory.mktemp("uv")
+    )
+    env: dict[str, str | None] = {
+        **CLEAN_ENV,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # uv of the test environment
+        "UV_INDEX": f"pytorch-cpu={index.as_uri()} pytorch-{variant}={index.as_uri()}",
+        "UV_PYTHON_DOWNLOADS": "never",  # the Python found here, never a download
+    }
+    start = time.perf_counter()
+    done = run(["make", "install", "TORCH_VARIANT=cpu"], project, env, timeout=1200)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    print(f"uv-grete: make install TORCH_VARIANT=cpu took {seconds:.0f} s")
+    return project, env, seconds
+
+
+def test_install_syncs_the_locked_environment_with_the_chosen_extras(
+    installed: tuple[Path, dict[str, str | None], float],
+) -> None:
+    project, env, _ = installed
+    lock = (project / "uv.lock").read_text("utf-8")
+    assert 'name = "torch"' in lock and 'version = "2.13.0+cpu"' in lock
+    python = str(project / ".venv" / "bin" / "python")
+    probe = (
+        "import importlib.util as u, torch; extras = ('wandb', 'mlflow', 'tensorboard');"
+        "print(torch.__version__, *(bool(u.find_spec(m)) for m in extras))"
+    )
+    done = run([python, "-c", probe], project, env)
+    assert done.stdout.split() == ["2.13.0+cpu", "True", "False", "False"], done.stderr
+    for name in ("pytest", "ruff", "mypy", "codespell", "pre-commit"):  # the dev group
+        assert (project / ".venv" / "bin" / name).exists(), name
+    assert (project / ".git" / "hooks" / "pre-commit").exists()
+    # The lock is current: what CI runs (`uv sync --locked`) succeeds without changes.
+    again = run(["uv", "sync", "--locked", "--extra", "cpu", "--extra", "wandb"], project, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_project_tests_pass_in_the_uv_environment(
+    installed: tuple[Path, dict[str, str | None], float],
+) -> None:
+    project, env, _ = installed
+    tests = "tests/test_tracking.py tests/test_config.py tests/test_observe.py"
+    done = run(["make", "test", f"ARGS=-q -rs -p no:cacheprovider {tests}"], project, env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "the wandb extra is not installed" not in done.stdout  # the W&B tests ran
+    assert " passed" in done.stdout.splitlines()[-1]
+
+
+def test_lint_passes_with_the_lock_committed(
+    installed: tuple[Path, dict[str, str | None], float],
+) -> None:
+    project, env, _ = installed
+    run(["git", "add", "uv.lock"], project)  # as the generated README says
+    done = run(["make", "lint"], project, env, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    for name in ("mypy (types)", "codespell (spelling)", "ruff check"):
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith(name)), "")
+        assert line.endswith("Passed"), f"{name}: {line or 'did not run'}"
+
+
+@pytest.mark.slurm
+def test_job_on_local_slurm_runs_in_the_synced_venv_and_tracks_offline(
+    installed: tuple[Path, dict[str, str | None], float],
+) -> None:
+    """One training job of the uv project: common.sh activates .venv; W&B stays offline."""
+    from slurm.localslurm import temporary_cluster  # noqa: PLC0415  (only this test needs it)
+    from slurm.project import JobProject, require_slurm  # noqa: PLC0415
+
+    require_slurm()
+    project, _, _ = installed
+    with temporary_cluster("slurm-uv-") as cluster:
+        proj = JobProject(project, cluster)
+        proj.cli("prepare")
+        args = ("train.epochs=1", "run.figures=false", "run.name=uvjob")
+        job = proj.sbatch("slurm/train.sbatch", *args)
+        info = proj.finished(job)
+        log = proj.log(f"{proj.slug}-{job}")
+        assert info["JobState"] == "COMPLETED", log
+    assert f"launch: srun python -m {proj.slug} train" in log
+    state = project / "runs" / "uvjob"
+    assert json.loads((state / "summary.json").read_text())["status"] == "finished"
+    folders = list((state / "wandb").glob("offline-run-*"))  # tracking=wandb, offline
+    assert len(folders) == 1, folders
