@@ -51,14 +51,14 @@ def to_device(batch: Batch, device: torch.device, channels_last: bool = False) -
 
 def size(dataset: Dataset) -> int:
     """Samples in a map-style data set (torch's `Dataset` type does not declare `__len__`)."""
-    return len(dataset)  # type: ignore[arg-type]  # every map-style data set defines it
+    return len(dataset)
 
 
 def tensor_bytes(dataset: Dataset) -> int | None:
     """Memory of a TensorDataset's tensors; None for data sets that load samples on demand."""
     if not isinstance(dataset, TensorDataset):
         return None
-    return sum(t.element_size() * t.nelement() for t in dataset.tensors)
+    return int(sum(t.element_size() * t.nelement() for t in dataset.tensors))
 
 
 class InMemoryBatches:

@@ -12,6 +12,7 @@ of the task's `Options` dataclass (see task.py).
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
 
 from .errors import ConfigError
 
@@ -184,6 +185,11 @@ def check_upper_bounds(cfg: Config) -> None:
             raise ConfigError(f"{key}: must be at most {bound:,}, got {value!r}")
 
 
+def field_types(cls: type) -> dict[str, type]:
+    """The declared type of each field of a dataclass (resolved, never a string)."""
+    return typing.get_type_hints(cls)
+
+
 def _sections(cfg: Config) -> dict[str, Any]:
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
@@ -226,7 +232,7 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
         cfg.task.options[key] = (value, from_text)  # typed once the task is known
         return
     section = sections[section_name]
-    kinds = {f.name: f.type for f in dataclasses.fields(section)}
+    kinds = field_types(type(section))
     if key not in kinds:
         raise ConfigError(f"unknown config key {dotted!r}; [{section_name}] has {sorted(kinds)}")
     setattr(section, key, _coerce(dotted, value, kinds[key], from_text))

@@ -16,7 +16,8 @@ def _pyplot() -> ModuleType:
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    return plt
+    module: ModuleType = plt
+    return module
 
 
 def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:

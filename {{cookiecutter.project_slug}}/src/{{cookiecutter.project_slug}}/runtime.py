@@ -66,7 +66,7 @@ def fits_in_memory(nbytes: int, max_gb: float, device: torch.device) -> bool:
         return False
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return nbytes <= free / 2
+        return bool(nbytes <= free / 2)
     return True
 
 
@@ -76,7 +76,7 @@ def native_bf16(device: torch.device) -> bool:
     `torch.cuda.is_bf16_supported()` also counts emulation (V100, T4), where bf16 is slower
     than fp32.
     """
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    return bool(torch.cuda.get_device_capability(device) >= (8, 0))
 
 
 def configure_backends(deterministic: bool) -> None:

@@ -21,7 +21,6 @@ would. (Once per batch, not per sample: saving and seeding three generators cost
 microseconds, too much to spend on every sample of a fast input pipeline.)
 """
 
-import dataclasses
 import hashlib
 import importlib
 import random
@@ -38,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .config import Config
+from .config import Config, field_types
 from .errors import ConfigError, DataError
 from .settings import Settings
 
@@ -198,7 +197,7 @@ def available() -> list[str]:
 
 def option_types(name: str) -> dict[str, type]:
     """The `[task]` settings of a task and their types (from its `Options` dataclass)."""
-    return {f.name: f.type for f in dataclasses.fields(task_class(name).Options)}
+    return field_types(task_class(name).Options)
 
 
 def load_task(cfg: Config, settings: Settings) -> Task:

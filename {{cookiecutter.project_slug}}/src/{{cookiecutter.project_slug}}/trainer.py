@@ -706,7 +706,7 @@ class Trainer:
     def mean_loss(self, loss_sum: torch.Tensor, count: int) -> float:
         """The mean training loss since the last log, over all processes (one all-reduce)."""
         total = distributed.sum_tensors({"loss": loss_sum}, self.denv, self.device)["loss"]
-        return total.item() / (count * self.denv.world_size)
+        return float(total.item()) / (count * self.denv.world_size)
 
     def diverged(self, loss: float) -> bool:
         """Count logging windows with a NaN/inf loss; True after `train.nonfinite_patience`."""
