@@ -97,6 +97,20 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a run's newest checkpoint."""
+    state = pkg("checkpoint").load_latest(run_dir / "checkpoints")
+    assert state is not None, f"no checkpoint in {run_dir}"
+    return state["model"]
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Bit-identical weights, tensor by tensor."""
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
+
+
 def example_task(name: str) -> bool:
     """True while the shipped example (its task module and the digits file) is in the project."""
     return DIGITS.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()

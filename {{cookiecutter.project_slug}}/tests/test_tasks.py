@@ -16,7 +16,17 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import DIGITS, PACKAGE, blobs, cli_env, example_task, pkg, run_cli
+from conftest import (
+    DIGITS,
+    PACKAGE,
+    assert_identical,
+    blobs,
+    cli_env,
+    example_task,
+    final_weights,
+    pkg,
+    run_cli,
+)
 
 config, trainer, checkpoint = pkg("config"), pkg("trainer"), pkg("checkpoint")
 task_mod, data = pkg("task"), pkg("data")
@@ -36,15 +46,7 @@ SHIPPED = {
 
 
 def weights(project: Path, run: str) -> dict[str, torch.Tensor]:
-    state = checkpoint.load_latest(project / "runs" / run / "checkpoints")
-    assert state is not None
-    return state["model"]
-
-
-def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key, value in a.items():
-        assert torch.equal(value, b[key]), key
+    return final_weights(project / "runs" / run)
 
 
 def stop_at_step(task: Any, step: int) -> Any:

@@ -7,9 +7,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import blobs, pkg
+from conftest import assert_identical, blobs, final_weights, pkg
 
 config = pkg("config")
 trainer = pkg("trainer")
@@ -26,18 +25,6 @@ def train(*overrides: str, **options: object):
     """Train the test task (blobs) with `overrides` and task `options`."""
     task = blobs(*FAST, *overrides, **options)
     return trainer.train(task.cfg, task)
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = checkpoint.load_latest(run_dir / "checkpoints")
-    assert state is not None
-    return state["model"]
-
-
-def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key, value in a.items():
-        assert torch.equal(value, b[key]), key
 
 
 def test_example_beats_chance_and_writes_the_run_files(digits_project: Path) -> None:
