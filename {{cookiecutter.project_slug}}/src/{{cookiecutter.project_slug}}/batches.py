@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from .distributed import DistEnv
 from .errors import DataError
 from .preemption import ignore_stop_signals
-from .task import Batch, check_structure, sample_seed, seeded_sample
+from .task import Batch, batch_seed, check_structure, seeded_batch
 
 
 def rank_order(
@@ -128,7 +128,7 @@ class SeededSamples(Dataset):
         if not self.draws:
             return [self.dataset[index] for _, index in keys]
         epoch, first = keys[0]
-        with seeded_sample(sample_seed(self.seed, epoch, first)):
+        with seeded_batch(batch_seed(self.seed, epoch, first)):
             return [self.dataset[index] for _, index in keys]
 
     def __getitem__(self, key: tuple[int, int]) -> Any:

@@ -209,14 +209,14 @@ def load_task(cfg: Config, settings: Settings) -> Task:
 _current: torch.Generator | None = None
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
+def batch_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit seed that depends on (seed, epoch, index) only."""
     digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
 @contextmanager
-def seeded_sample(seed: int) -> Iterator[None]:
+def seeded_batch(seed: int) -> Iterator[None]:
     """Seed torch, `random` and numpy for one batch; restore their states afterwards."""
     global _current  # noqa: PLW0603  (one generator per process, for sample_generator())
     saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
