@@ -113,10 +113,10 @@ def test_a_dotenv_that_is_not_utf8_gives_one_line(project: Path) -> None:
 
 @pytest.mark.parametrize("variable", ["RUNS_DIR", "DATA_DIR"])
 def test_a_path_variable_naming_a_file_gives_one_line(variable: str, project: Path) -> None:
-    (project / "afile").write_text("x\n")
-    done = run_cli("evaluate", project=project, env={variable: str(project / "afile")})
+    (project / "plain.txt").write_text("x\n")
+    done = run_cli("evaluate", project=project, env={variable: str(project / "plain.txt")})
     assert done.returncode == 1
-    assert f"{variable} {project / 'afile'}: is a file" in one_error_line(done.stderr)
+    assert f"{variable} {project / 'plain.txt'}: is a file" in one_error_line(done.stderr)
 
 
 def test_a_folder_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
