@@ -297,7 +297,7 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     extra = "" if answers["tracking"] == "csv" else answers["tracking"]
     if answers["environment"] == "conda":
         assert "--file environment.yml" in install
-        assert "pip install --group dev" in install
+        assert "--group dev" in install  # torch first, then the project with its dev tools
     elif answers["environment"] == "uv":
         variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
         sync = f"uv sync --python {answers['python_version']} --extra {variant}"
