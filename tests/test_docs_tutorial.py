@@ -260,7 +260,7 @@ CLUSTER_OUTPUT = [
     ("of at most ", "slurm/common.sh"),
     ("stop signal (", "src/{slug}/trainer.py"),
     ("): checkpoint at step ", "src/{slug}/trainer.py"),
-    (" written, exit ", "src/{slug}/trainer.py"),
+    (" written, exit", "src/{slug}/trainer.py"),
     (": resumed from step ", "src/{slug}/trainer.py"),
     (" process(es) via ", "src/{slug}/trainer.py"),
     ("capability ", "src/{slug}/doctor.py"),
