@@ -115,7 +115,9 @@ def run(
 
     ``env`` adds variables to this process's environment; a value of None removes one.
     """
-    merged = dict(os.environ)
+    # Without the outer `make test`'s recursion variables: a generated project's make then
+    # runs (and prints) as it does for its users, without "make[1]: Entering directory".
+    merged = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     for key, value in (env or {}).items():
         if value is None:
             merged.pop(key, None)
