@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_job_on_local_slurm_runs_in_the_synced_venv_and_tracks_offline(
         info = proj.finished(job)
         log = proj.log(f"{proj.slug}-{job}")
         assert info["JobState"] == "COMPLETED", log
-    assert f"launch: srun python -m {proj.slug} train" in log
+    assert re.search(rf"launch: srun .*python -m {proj.slug} train", log), log
     state = project / "runs" / "uvjob"
     assert json.loads((state / "summary.json").read_text())["status"] == "finished"
     folders = list((state / "wandb").glob("offline-run-*"))  # tracking=wandb, offline
