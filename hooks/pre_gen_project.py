@@ -2,9 +2,12 @@
 
 One file serves every engine:
 
-* cookiecutter and cruft render this file and run it as the pre-generation hook; the
-  ``__main__`` block at the bottom holds the only template expression in the file and
-  receives all answers as JSON. A rejected answer exits 1 before anything is written.
+* cookiecutter and cruft load ``EarlyRules`` from this file (through
+  ``hpc_ml_template_rules.py``, ``_extensions`` in cookiecutter.json): it applies the rules
+  before the engine renders an answer or creates the project folder. They also render this
+  file and run it as the pre-generation hook; the ``__main__`` block at the bottom holds the
+  only template expression in the file and receives all answers as JSON. A rejected answer
+  exits 1 before anything is written.
 * copier imports the file unrendered (``_jinja_extensions`` in ``copier.yml``) and the
   ``Validation`` extension turns the rules into the ``hpc_check`` filter that each question's
   ``validator:`` calls, so copier re-prompts on a bad answer.
@@ -37,7 +40,8 @@ from jinja2.ext import Extension
 from slugify import slugify as _python_slugify
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
+    from types import FrameType
 
 # Generated from the template, with a freshness test:
 # - PRESETS_SHA256: the fingerprint of the cluster presets, which no answer may replace;
@@ -471,9 +475,9 @@ def check_snakemake(value: str, answers: Mapping[str, Any], _presets: Mapping[st
 
 
 # --- Hostile input: what no answer may contain, and the values no answer may set ---------
-# Template syntax: cookiecutter and cruft render it inside answers before any hook sees them,
-# copier keeps it, so one answer would give two different projects. (Built from pieces: this
-# file is itself rendered by cookiecutter.)
+# Template syntax: cookiecutter and cruft would render it inside answers (EarlyRules stops
+# them first), copier would keep it, so one answer would give two different projects. (Built
+# from pieces: this file is itself rendered by cookiecutter.)
 _BRACE = chr(123)  # an opening brace
 TEMPLATE_SYNTAX = tuple(_BRACE + second for second in (_BRACE, "%", "#"))
 # Unicode categories that hide text or change how a line reads: control characters (Cc), line
@@ -481,8 +485,6 @@ TEMPLATE_SYNTAX = tuple(_BRACE + second for second in (_BRACE, "%", "#"))
 # a new line of .gitlab-ci.yml) and format characters (Cf: bidirectional controls, zero-width
 # spaces and joiners).
 INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
-# Questions whose cookiecutter.json default is an expression (a test keeps this in step).
-COMPUTED_DEFAULTS = frozenset({"project_slug", "partition", "cpus_per_gpu", "memory", "time_limit"})
 
 
 def check_hostile_text(field: str, value: str) -> str:
@@ -553,6 +555,9 @@ def check_year(value: object) -> str:
     return ""
 
 
+DERIVED = "is derived by the template and cannot be given"
+
+
 def check_private(answers: Mapping[str, Any]) -> list[str]:
     """Cookiecutter and cruft: private values are the template's own or derived from answers."""
     if message := check_presets(answers.get("_presets"), "_presets"):
@@ -562,25 +567,8 @@ def check_private(answers: Mapping[str, Any]) -> list[str]:
         "__mem_per_node": mem_per_node(answers),
         "__answers": "",
     }
-    rule = "is derived by the template and cannot be given"
-    errors = [_say(k, answers.get(k), rule) for k in expected if answers.get(k) != expected[k]]
+    errors = [_say(k, answers.get(k), DERIVED) for k in expected if answers.get(k) != expected[k]]
     return errors + [m for m in [check_year(answers.get("__year"))] if m]
-
-
-def check_given_syntax(raw: Mapping[str, Any]) -> list[str]:
-    """cookiecutter: template syntax in a given answer, seen before cookiecutter rendered it.
-
-    ``raw`` holds the answers before rendering (cruft keeps no such copy: its rendered answers
-    are checked by the rules like any other). Questions whose default is itself an expression
-    are skipped: a given value cannot be told from the default there, and their rules allow
-    no braces in what it renders to.
-    """
-    return [
-        message
-        for key, value in raw.items()
-        if isinstance(value, str) and key not in COMPUTED_DEFAULTS
-        if (message := check_hostile_text(key, value)) and "template syntax" in message
-    ]
 
 
 def check_copier_private(context: Any) -> str:
@@ -662,27 +650,86 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
     return check(field, value, answers, context.get("presets") or {})
 
 
-def _names_any(message: str, earlier: list[str]) -> bool:
-    return message.split(" ", 1)[0] in {e.split(" ", 1)[0] for e in earlier}
+def rejections(answers: Mapping[str, Any]) -> list[str]:
+    """Cookiecutter and cruft: one message per rejected value, private values first."""
+    return check_private(answers) + validate(answers, answers.get("_presets", {}))
 
 
-def main(answers: dict[str, Any], raw: dict[str, Any]) -> int:
-    """Cookiecutter/cruft entry: print every rejected answer, exit 1 if there is one."""
-    errors = check_private(answers) + check_given_syntax(raw)
-    # A field rejected for what was given is not reported again for what it rendered to.
-    errors += [
-        e for e in validate(answers, answers.get("_presets", {})) if not _names_any(e, errors)
-    ]
+def _stop_on(errors: list[str]) -> None:
+    """Print every message as cookiecutter users see them and exit 1, if there is one."""
     for message in errors:
         print(f"ERROR: {message}", file=sys.stderr)
-    return 1 if errors else 0
+    if errors:
+        raise SystemExit(1)
+
+
+def check_given(given: Mapping[str, Any]) -> list[str]:
+    """Cookiecutter and cruft: what no given answer may contain, seen before it is rendered."""
+    errors = []
+    for field, value in given.items():
+        if isinstance(value, str) and (message := check_hostile_text(field, value)):
+            # A derived value is refused as given at all (check_private says the same).
+            errors.append(_say(field, value, DERIVED) if field.startswith("_") else message)
+    return errors
+
+
+# The template folder's name, as cookiecutter renders it into the project folder.
+PROJECT_FOLDER = _BRACE * 2 + "cookiecutter.project_slug}}"
+
+
+class EarlyRules(Extension):
+    """cookiecutter and cruft: the rules before the engine renders an answer or makes a folder.
+
+    Both engines render every answer as a template while collecting them (template syntax in
+    an answer was rendered, or crashed with a dump of the whole context), and create the
+    project folder before the pre-generation hook runs (a slug like ``a/b`` left a folder
+    behind). Loaded through ``_extensions`` in cookiecutter.json, this extension sees each
+    template source before Jinja parses it, and the engine's call stack tells what the source
+    is: a value being collected (``render_variable``; the given answers are the engine's
+    ``extra_context``) or the project folder's name (``render_and_create_dir``). Anything else
+    passes unchanged. The checks here use no generated data (one process of ``cruft update``
+    renders two template versions with the module of the first); the pre-generation hook
+    still runs every rule, with its own version's data.
+    """
+
+    def preprocess(self, source: str, _name: str | None, _filename: str | None = None) -> str:
+        """Stop on a rejected answer before the engine renders it or writes anything."""
+        if _engine_frame("render_variable") and (given := _given_answers()):
+            _stop_on(check_given(given))
+        elif source == PROJECT_FOLDER and (frame := _engine_frame("render_and_create_dir")):
+            answers = frame.f_locals["context"]["cookiecutter"]
+            _stop_on(validate(answers, answers.get("_presets", {})))
+        return source
+
+
+def _engine_frames() -> Iterator[FrameType]:
+    """The frames of cookiecutter and cruft on the stack, innermost first.
+
+    The stack is the only witness of what the engine is rendering and with which answers.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__")).startswith(("cookiecutter.", "cruft.")):
+            yield frame
+        frame = frame.f_back
+
+
+def _engine_frame(function: str) -> FrameType | None:
+    """The innermost frame of the engine's ``function``, if it is running."""
+    return next((f for f in _engine_frames() if f.f_code.co_name == function), None)
+
+
+def _given_answers() -> dict[str, Any]:
+    """The answers given to the engine: its innermost ``extra_context`` that is a dict."""
+    given = (f.f_locals.get("extra_context") for f in _engine_frames())
+    return next((answers for answers in given if isinstance(answers, dict)), {})
+
+
+def main(answers: dict[str, Any]) -> int:
+    """Cookiecutter/cruft hook: print every rejected answer, exit 1 if there is one."""
+    _stop_on(rejections(answers))
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(
-        main(
-            json.loads(r"""{{ cookiecutter | tojson }}"""),
-            # cookiecutter's copy of the answers before rendering (cruft has none).
-            json.loads(r"""{{ _cookiecutter | default({}) | tojson }}"""),
-        )
-    )
+    sys.exit(main(json.loads(r"""{{ cookiecutter | tojson }}""")))
