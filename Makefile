@@ -10,8 +10,6 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 PYTEST_ARGS ?=
-# Two pytest workers keep both cores of a CI machine busy (one when a test waits on Slurm).
-TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test sync bench release clean
@@ -38,7 +36,7 @@ demo: $(STAMP) ## Bake the default project into build/demo and run its example e
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
 test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generated suites)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py

@@ -71,16 +71,3 @@ def default_bake(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Ba
     baked = bake("cookiecutter", template, tmp_path_factory.mktemp("default"), {})
     assert baked.ok, baked.stderr
     return baked
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work units for ``make test``'s two pytest-xdist workers (``--dist loadgroup``).
-
-    A test file is one unit, so its module fixtures (bakes, environments, clusters) are made
-    once; every test that starts a local Slurm is in one unit, so two clusters never compete
-    for the machine's Slurm daemons, ports and /etc/hosts lines.
-    """
-    for item in items:
-        uses_slurm = item.get_closest_marker("slurm") or item.path.name.startswith("test_slurm")
-        item.add_marker(pytest.mark.xdist_group("slurm" if uses_slurm else item.path.name))
