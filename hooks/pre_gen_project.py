@@ -650,11 +650,6 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
     return check(field, value, answers, context.get("presets") or {})
 
 
-def rejections(answers: Mapping[str, Any]) -> list[str]:
-    """Cookiecutter and cruft: one message per rejected value, private values first."""
-    return check_private(answers) + validate(answers, answers.get("_presets", {}))
-
-
 def _stop_on(errors: list[str]) -> None:
     """Print every message as cookiecutter users see them and exit 1, if there is one."""
     for message in errors:
@@ -687,9 +682,9 @@ class EarlyRules(Extension):
     template source before Jinja parses it, and the engine's call stack tells what the source
     is: a value being collected (``render_variable``; the given answers are the engine's
     ``extra_context``) or the project folder's name (``render_and_create_dir``). Anything else
-    passes unchanged. The checks here use no generated data (one process of ``cruft update``
-    renders two template versions with the module of the first); the pre-generation hook
-    still runs every rule, with its own version's data.
+    passes unchanged. The private values are left to the pre-generation hook, which checks
+    them against its own version's presets fingerprint: one process of ``cruft update``
+    renders two template versions, and this module is imported once, from the first.
     """
 
     def preprocess(self, source: str, _name: str | None, _filename: str | None = None) -> str:
@@ -725,11 +720,10 @@ def _given_answers() -> dict[str, Any]:
     return next((answers for answers in given if isinstance(answers, dict)), {})
 
 
-def main(answers: dict[str, Any]) -> int:
-    """Cookiecutter/cruft hook: print every rejected answer, exit 1 if there is one."""
-    _stop_on(rejections(answers))
-    return 0
+def main(answers: Mapping[str, Any]) -> None:
+    """Cookiecutter/cruft hook: print every rejected answer and exit 1, if there is one."""
+    _stop_on(check_private(answers) + validate(answers, answers.get("_presets", {})))
 
 
 if __name__ == "__main__":
-    sys.exit(main(json.loads(r"""{{ cookiecutter | tojson }}""")))
+    main(json.loads(r"""{{ cookiecutter | tojson }}"""))
