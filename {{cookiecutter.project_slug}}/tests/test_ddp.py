@@ -32,7 +32,9 @@ ARGS = [
 def free_job_id() -> int:
     """A job id whose derived rendezvous port is free right now."""
     for _ in range(100):
-        job_id = random.randint(4_000_000, 5_000_000)  # noqa: S311  (not a secret)
+        # The system's generator: the trainer reseeds `random` in this process, which would
+        # make every run of the suite pick the same ids (and ports) as the last one.
+        job_id = random.SystemRandom().randint(4_000_000, 5_000_000)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", distributed.rendezvous_port(job_id, 0)))
