@@ -97,6 +97,7 @@ def cluster() -> Iterator[LocalSlurm]:
         yield instance
 
 
+@pytest.mark.slurm
 def test_train_step_is_a_slurm_job_that_requeues_until_done(
     project: Path, cluster: LocalSlurm
 ) -> None:
