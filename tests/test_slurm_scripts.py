@@ -161,6 +161,38 @@ def test_time_left_is_read_as_squeue_prints_it(default_bake) -> None:
         assert _common_sh(default_bake.project, f"seconds_of '{word}' || echo none") == ["none"]
 
 
+# squeue's "%l %L" (limit, time left) at a segment's start -> (exit status, what the log says).
+STOP_CASES = {
+    # A segment starts a few seconds into its limit: the limit decides, so --time=3 that
+    # passed on the first start also passes on the requeued one (it once failed at 178 s).
+    "3:00 2:58": (0, "time left 178 s: USR1 to stop in 118 s, 60 s before the limit"),
+    "1:00:00 59:30": (0, "time left 3570 s: USR1 to stop in 3270 s, 300 s before the limit"),
+    "2:00 2:00": (2, "the time limit of 120 s leaves 60 s of training"),
+    "UNLIMITED UNLIMITED": (0, "no time limit found for job 7: no stop signal scheduled"),
+}
+
+
+@pytest.mark.parametrize(("times", "expected"), STOP_CASES.items())
+def test_stop_signal_is_decided_by_the_limit_and_timed_by_the_time_left(
+    default_bake, tmp_path: Path, times: str, expected: tuple[int, str]
+) -> None:
+    fake = tmp_path / "squeue"
+    fake.write_text(f"#!/bin/sh\necho '{times}'\n")
+    fake.chmod(0o755)
+    code = "source slurm/common.sh; trap - EXIT; schedule_stop"
+    code += '; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'  # no timer left behind
+    res = subprocess.run(
+        ["bash", "-c", code],
+        cwd=default_bake.project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "7"},
+    )
+    status, line = expected
+    assert (res.returncode, line in res.stdout) == (status, True), res.stdout + res.stderr
+
+
 def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
     project = default_bake.project
     spec = importlib.util.spec_from_file_location(

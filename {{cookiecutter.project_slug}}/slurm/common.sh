@@ -182,33 +182,36 @@ seconds_of() {
 }
 
 # Send this shell USR1 a grace time before the job's actual limit. Read at the start of every
-# segment from Slurm (squeue's time left), not fixed when the script was written: so a
-# `--time` given to sbatch, a requeued segment and a job that waited in the queue all get
+# segment from Slurm (squeue's limit and time left), not fixed when the script was written:
+# so a `--time` given to sbatch, a requeued segment and a job that waited in the queue all get
 # the right moment. The grace is a tenth of the limit, at least 60 s (checkpoint, and the
 # margin Slurm's own timing needs) and at most 300 s. A limit that leaves less than
 # MIN_WORK_SECONDS of training before the signal would checkpoint almost nothing and requeue
 # over and over (GWDG asks for jobs of an hour or more): such a job stops here, with an error.
+# That decision looks at the limit, not at the time left, so the seconds a segment has already
+# spent starting never turn an accepted limit into a refused one on a later segment.
 # A limit changed with `scontrol update` after the start is not followed; the hard limit
 # still sends TERM, on which the training checkpoints too.
 schedule_stop() {
-    local left grace work minimum=${MIN_WORK_SECONDS:-120}
+    local times limit left grace work minimum=${MIN_WORK_SECONDS:-120}
     [[ -n "${SLURM_JOB_ID:-}" ]] || return 0
-    if ! left=$(seconds_of "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)"); then
+    read -r -a times <<<"$(squeue -h -j "$SLURM_JOB_ID" -o '%l %L' 2>/dev/null)"
+    if ! limit=$(seconds_of "${times[0]:-}") || ! left=$(seconds_of "${times[1]:-}"); then
         log "no time limit found for job $SLURM_JOB_ID: no stop signal scheduled"
         return 0
     fi
-    grace=$((left / 10))
+    grace=$((limit / 10))
     ((grace >= 60)) || grace=60
     ((grace <= 300)) || grace=300
-    work=$((left - grace))
-    if ((work < minimum)); then
-        log "error: the time limit leaves ${left} s, and the stop signal comes ${grace} s" \
-            "before it: ${work} s of training, less than MIN_WORK_SECONDS=${minimum}." \
+    if ((limit - grace < minimum)); then
+        log "error: the time limit of ${limit} s leaves $((limit - grace)) s of training before" \
+            "the stop signal ${grace} s ahead of it, less than MIN_WORK_SECONDS=${minimum}." \
             "Ask for a longer --time (at least $(((minimum + 60 + 59) / 60)) minutes; jobs of an hour" \
             "or more are kinder to the scheduler). Not starting and not requeueing."
         exit 2
     fi
-    if ((left < 3600)); then
+    work=$((left > grace ? left - grace : 0))
+    if ((limit < 3600)); then
         log "note: a limit under one hour makes many short jobs; GWDG asks for at least 1 h"
     fi
     log "time left ${left} s: USR1 to stop in ${work} s, ${grace} s before the limit"
