@@ -210,7 +210,7 @@ def test_sweep_task_requeues_itself_alone(project: JobProject, tmp_path: Path) -
         SWEEP_FILE=str(params),
         **SLOW,
     )
-    project.wait_for("task 1 checkpoint", lambda: project.checkpoints(f"{job}_1"))
+    project.wait_for("task 1 checkpoint", lambda: project.checkpoints(f"{job}_1"), f"{job}_1")
     project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_1")
     project.finished(job)
     logs = [project.log(f"{project.slug}-sweep-{job}_{task}") for task in (0, 1)]
@@ -248,9 +248,10 @@ def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     assert (summary["status"], summary["step"]) == ("finished", 33)
 
 
-def _wait_resumed(project: JobProject, name: str) -> float:
+def _wait_resumed(project: JobProject, job: str) -> float:
     start = time.monotonic()
-    project.wait_for("resume", lambda: resumed_step(project.log(name)) is not None)
+    name = f"{project.slug}-{job}"
+    project.wait_for("resume", lambda: resumed_step(project.log(name)) is not None, job)
     return time.monotonic() - start
 
 
@@ -259,10 +260,10 @@ def test_usr1_checkpoints_requeues_and_resumes_identically(
 ) -> None:
     job = project.sbatch("slurm/train.sbatch", *SIGNAL_RUN, "run.name=usr1", **SLOW)
     name = f"{project.slug}-{job}"
-    project.wait_for("first checkpoint", lambda: project.checkpoints("usr1"))
+    project.wait_for("first checkpoint", lambda: project.checkpoints("usr1"), job)
     signalled = time.monotonic()
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
-    round_trip = _wait_resumed(project, name)
+    round_trip = _wait_resumed(project, job)
     info = project.finished(job)
     log = project.log(name)
     print(
@@ -289,9 +290,9 @@ def test_time_limit_signal_requeues_and_resumes_identically(
         "--time=3", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=timelimit", PROBE_STEP_DELAY="1"
     )
     name = f"{project.slug}-{job}"
-    project.wait_for("USR1 from the timer", lambda: "received SIGUSR1" in project.log(name))
+    project.wait_for("USR1 from the timer", lambda: "received SIGUSR1" in project.log(name), job)
     signal_after = time.monotonic() - start
-    round_trip = _wait_resumed(project, name)
+    round_trip = _wait_resumed(project, job)
     info = project.finished(job)
     log = project.log(name)
     print(f"\ntime-limit signal after {signal_after:.0f} s; requeue round trip {round_trip:.1f} s")
@@ -320,7 +321,7 @@ def test_retry_budget_stops_requeueing(project: JobProject) -> None:
     job = project.sbatch(
         "--export=ALL,MAX_REQUEUES=0", "slurm/train.sbatch", *SIGNAL_RUN, "run.name=budget", **SLOW
     )
-    project.wait_for("first checkpoint", lambda: project.checkpoints("budget"))
+    project.wait_for("first checkpoint", lambda: project.checkpoints("budget"), job)
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
     info = project.finished(job)
     log = project.log(f"{project.slug}-{job}")
@@ -339,7 +340,7 @@ def test_chain_segment_stopped_by_signal_hands_over_to_the_next(project: JobProj
     )
     assert res.returncode == 0, res.stderr
     first, second = res.stdout.split()
-    project.wait_for("first checkpoint", lambda: project.checkpoints("handover"))
+    project.wait_for("first checkpoint", lambda: project.checkpoints("handover"), first)
     project.cluster.run("scancel", "--signal=USR1", "--batch", first)  # as at a time limit
     infos = [project.finished(j) for j in (first, second)]
     logs = [project.log(f"{project.slug}-{j}") for j in (first, second)]
@@ -359,7 +360,7 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     slow = {"PROBE_STEP_DELAY": "0.1"}
     env = project.env(**slow)
     job = project.sbatch("slurm/train.sbatch", "run.name=monitored", "run.figures=false", **slow)
-    project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING")
+    project.wait_for("running", lambda: project.cluster.state(job) == "RUNNING", job)
     env["PATH"] = f"{fake.parent}:{env['PATH']}"
     res = project.run("slurm/monitor.sh", job, env=env)
     assert res.returncode == 0, res.stderr
@@ -367,7 +368,7 @@ def test_monitor_attaches_to_a_running_job(project: JobProject, tmp_path: Path) 
     env["PATH"] = env["PATH"].split(":", 1)[1]
     res = project.run("slurm/monitor.sh", job, env=env)
     assert "neither nvitop nor nvidia-smi" in res.stdout
-    project.wait_for("a checkpoint", lambda: project.checkpoints("monitored"))
+    project.wait_for("a checkpoint", lambda: project.checkpoints("monitored"), job)
     res = project.run("slurm/monitor.sh", "log", job)
     assert res.returncode == 0 and "launch:" in res.stdout
     res = project.run("slurm/monitor.sh", "summary", "monitored")
@@ -515,11 +516,11 @@ def test_preempted_job_checkpoints_requeues_and_resumes_identically(
         "run.name=preempted", **SLOW,
     )  # fmt: skip
     name = f"{project.slug}-{job}"
-    project.wait_for("first checkpoint", lambda: project.checkpoints("preempted"))
+    project.wait_for("first checkpoint", lambda: project.checkpoints("preempted"), job)
     urgent = project.sbatch(
         "--partition=grete:shared", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1"
     )
-    project.wait_for("the resume", lambda: resumed_step(project.log(name)) is not None)
+    project.wait_for("the resume", lambda: resumed_step(project.log(name)) is not None, job)
     info = project.finished(job)
     log = project.log(name)
     assert project.finished(urgent)["JobState"] == "COMPLETED"

@@ -134,7 +134,7 @@ def test_two_node_job_requeues_and_resumes_identically(
         **HANG,
     )
     name = f"{project.slug}-{job}"
-    project.wait_for("first checkpoint", lambda: project.checkpoints("ddp-requeue"))
+    project.wait_for("first checkpoint", lambda: project.checkpoints("ddp-requeue"), job)
     project.cluster.run("scancel", "--signal=USR1", "--batch", job)
     info = project.finished(job)
     log = project.log(name)
@@ -158,7 +158,7 @@ def test_a_dead_rank_ends_the_job_on_every_node_within_a_minute(project: JobProj
         PROBE_DIE="1:5",
     )
     name = f"{project.slug}-{job}"
-    project.wait_for("the rank's death", lambda: "probe: rank 1 dies" in project.log(name))
+    project.wait_for("the rank's death", lambda: "probe: rank 1 dies" in project.log(name), job)
     died = time.monotonic()
     info = project.finished(job, 420)  # well below the 10-minute timeout
     ended_after = time.monotonic() - died

@@ -116,7 +116,7 @@ def test_train_step_is_a_slurm_job_that_requeues_until_done(
         stderr=subprocess.STDOUT,
         text=True,
     ) as run:
-        proj.wait_for("a checkpoint", lambda: proj.checkpoints("viaslurm"))
+        proj.wait_for("a checkpoint", lambda: proj.checkpoints("viaslurm"), None)  # id unknown yet
         (log,) = (project / "logs").glob(f"{proj.slug}-*.out")
         job = log.stem.rsplit("-", 1)[1]
         cluster.run("scancel", "--signal=USR1", "--batch", job)

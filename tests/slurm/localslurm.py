@@ -416,11 +416,22 @@ class LocalSlurm:
         """JobState of one job, '' when unknown."""
         return self.job(job_id).get("JobState", "")
 
+    def queued(self, job_id: str) -> bool:
+        """Whether a task of `job_id` is pending, running, completing or being requeued.
+
+        A failed `squeue` (a busy controller) counts as queued; a job Slurm no longer knows
+        ("Invalid job id") does not.
+        """
+        res = self.run("squeue", "-h", "-j", job_id, check=False)
+        if res.returncode != 0:
+            return "Invalid job id" not in res.stderr
+        return bool(res.stdout.strip())
+
     def wait(self, job_id: str, timeout: float = 900) -> None:
         """Block until no task of `job_id` is pending, running or completing."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if not self.run("squeue", "-h", "-j", job_id, check=False).stdout.strip():
+            if not self.queued(job_id):
                 return
             time.sleep(0.3)
         self.run("scancel", job_id, check=False)

@@ -107,13 +107,23 @@ class JobProject:
         path = self.path / "logs" / f"{name}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def wait_for(self, what: str, check, timeout: float = DEADLINE) -> None:
-        """Poll `check()` until true."""
+    def wait_for(self, what: str, check, job: str | None, timeout: float = DEADLINE) -> None:
+        """Poll `check()` until true; fail at once when `job` has left the queue without it.
+
+        The job's state, not the deadline, ends a wait that can no longer succeed (a job
+        that failed at its start, a signal that never came), so a broken job costs seconds.
+        """
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if check():
                 return
-            time.sleep(0.2)
+            if job is not None and not self.cluster.queued(job):
+                if check():  # it happened just before the job ended
+                    return
+                state = self.cluster.state(job)
+                msg = f"job {job} left the queue ({state}) before {what}"
+                raise AssertionError(msg)
+            time.sleep(0.5)
         raise TimeoutError(f"timed out waiting for {what}")
 
     def finished(self, job_id: str, timeout: float = DEADLINE) -> dict[str, str]:
