@@ -193,6 +193,13 @@ def test_stop_signal_is_decided_by_the_limit_and_timed_by_the_time_left(
     assert (res.returncode, line in res.stdout) == (status, True), res.stdout + res.stderr
 
 
+def test_modules_load_from_a_clean_state(default_bake) -> None:
+    # A stand-in for the cluster's `module` function records what the job asks of it:
+    # modules loaded at login (a cuda module) are purged before the preset's are loaded.
+    out = _common_sh(default_bake.project, 'module() { echo "module:$*"; }; load_modules a b/1')
+    assert out[:4] == ["module:purge", "module:load", "a", "b/1"]
+
+
 def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
     project = default_bake.project
     spec = importlib.util.spec_from_file_location(
