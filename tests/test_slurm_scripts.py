@@ -135,16 +135,23 @@ def test_time_limit_derived_values(template: Path, tmp_path: Path, time_limit: s
         assert f"#SBATCH --time={time_limit}" in sbatch_header(result.project / "slurm" / name)
 
 
-def _common_sh(project: Path, code: str) -> list[str]:
-    """Lines printed by `code` run after sourcing the generated slurm/common.sh."""
-    res = subprocess.run(
+def _run_common_sh(
+    project: Path, code: str, path: str = "/usr/bin:/bin", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `code` after sourcing the generated slurm/common.sh, with only PATH and `env` set."""
+    return subprocess.run(
         ["bash", "-c", f"source slurm/common.sh; trap - EXIT; {code}"],
         cwd=project,
         capture_output=True,
         text=True,
         check=False,
-        env={"PATH": "/usr/bin:/bin"},
+        env={"PATH": path, **env},
     )
+
+
+def _common_sh(project: Path, code: str) -> list[str]:
+    """Words printed by `code` run after sourcing the generated slurm/common.sh."""
+    res = _run_common_sh(project, code)
     assert res.returncode == 0, res.stderr
     return res.stdout.split()
 
@@ -179,16 +186,8 @@ def test_stop_signal_is_decided_by_the_limit_and_timed_by_the_time_left(
     fake = tmp_path / "squeue"
     fake.write_text(f"#!/bin/sh\necho '{times}'\n")
     fake.chmod(0o755)
-    code = "source slurm/common.sh; trap - EXIT; schedule_stop"
-    code += '; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'  # no timer left behind
-    res = subprocess.run(
-        ["bash", "-c", code],
-        cwd=default_bake.project,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "7"},
-    )
+    code = 'schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'  # no timer left behind
+    res = _run_common_sh(default_bake.project, code, f"{tmp_path}:/usr/bin:/bin", SLURM_JOB_ID="7")
     status, line = expected
     assert (res.returncode, line in res.stdout) == (status, True), res.stdout + res.stderr
 
