@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test sync bench release clean
+.PHONY: help demo test sync bench release fleet clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -57,6 +57,13 @@ ifndef SKIP_TESTS
 	$(MAKE) test
 endif
 	$(PYTHON) tools/release.py tag
+
+# The same report as a generated project's `make template-status`, run from the template's
+# copy of it (standard library and git only: no .venv needed).
+fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1 for JSON
+	@test -n "$(REPOS)" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
+	@$(PYTHON) '{{cookiecutter.project_slug}}/src/{{cookiecutter.project_slug}}/template_status.py' \
+		--repos-file "$(REPOS)"$(if $(JSON), --json)
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py

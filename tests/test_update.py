@@ -48,6 +48,8 @@ PROJECT_OWNED = [
     f"src/{TEMPLATE_DIR}/tasks/fake_task.py",
 ]
 USER_LINE = {".md": "\nMy own notes.\n", ".toml": "# my own setting\n", ".py": "# my own code\n"}
+SCRIPT = "slurm/train.sbatch"
+SCRIPT_EDIT = "# my own note on this job\n"
 ENGINES = ("copier", "cruft")
 
 
@@ -162,6 +164,8 @@ class Project:
     owned_before: dict[str, bytes]
     status_before: subprocess.CompletedProcess[str]
     changed_by_status: str  # git status after template-status ran
+    json_before: subprocess.CompletedProcess[str]  # the script itself, --json
+    behind: Path  # a clone of the project as it was before the update
     head_before: str
     update: subprocess.CompletedProcess[str]
     head_after: str  # HEAD right after the update
@@ -195,6 +199,11 @@ def _user_edits(project: Path) -> None:
         else:
             _append(path, USER_LINE[path.suffix])
     (project / "NOTES.md").write_text("my own file\n", "utf-8")
+    # A template-owned file the releases change too (at its end): a conflict risk that
+    # merges cleanly, as the edit is far from the template's.
+    job = project / SCRIPT
+    first, rest = job.read_text("utf-8").split("\n", 1)
+    job.write_text(f"{first}\n{SCRIPT_EDIT}{rest}", "utf-8")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "my edits")
 
@@ -203,21 +212,18 @@ def _template_status(project: Path, *extra: str) -> subprocess.CompletedProcess[
     return _run(["make", "--no-print-directory", "template-status", *extra], project)
 
 
-@pytest.fixture(
-    scope="module",
-    params=[(e, s) for e in ENGINES for s in (0, 1)],
-    ids=lambda p: f"{p[0]}-from-release-{p[1]}",
-)
-def updated(
-    request: pytest.FixtureRequest, releases: Releases, tmp_path_factory: pytest.TempPathFactory
-) -> Project:
-    engine, start = request.param
-    project = _generate(engine, releases, start, tmp_path_factory.mktemp(f"{engine}{start}"))
+def _make_project(engine: str, releases: Releases, start: int, out: Path) -> Project:
+    """Generate from an older release, edit, look at the status, keep a clone, update."""
+    project = _generate(engine, releases, start, out)
     _user_edits(project)
     owned = {rel: (project / rel).read_bytes() for rel in _project_files(PROJECT_OWNED)}
     head = git(project, "rev-parse", "HEAD").strip()
     before = _template_status(project)
     changed = git(project, "status", "--porcelain")
+    script = [sys.executable, f"src/{SLUG}/template_status.py", "--json"]
+    json_before = _run(script, project)
+    behind = out / "behind"
+    git(out, "clone", "-q", str(project), str(behind))
     if engine == "copier":
         update = _run([str(BIN / "copier"), "update", "--defaults", "--trust", "--quiet"], project)
     else:
@@ -228,7 +234,33 @@ def updated(
         git(project, "add", "-A")
         git(project, "commit", "-q", "-m", "update")
         after = _template_status(project)
-    return Project(engine, start, project, owned, before, changed, head, update, head_after, after)
+    return Project(
+        engine, start, project, owned, before, changed, json_before, behind, head, update,
+        head_after, after,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def projects(
+    releases: Releases, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, int], Project]:
+    """Projects of both engines from each older release, all updated (one fixture: the
+    fleet table reads them side by side)."""
+    return {
+        (engine, start): _make_project(
+            engine, releases, start, tmp_path_factory.mktemp(f"{engine}{start}")
+        )
+        for engine in ENGINES
+        for start in (0, 1)
+    }
+
+
+@pytest.fixture(
+    params=[(e, s) for e in ENGINES for s in (0, 1)],
+    ids=lambda p: f"{p[0]}-from-release-{p[1]}",
+)
+def updated(request: pytest.FixtureRequest, projects: dict[tuple[str, int], Project]) -> Project:
+    return projects[request.param]
 
 
 def test_update_succeeds(updated: Project) -> None:
@@ -287,9 +319,16 @@ def _listed(output: str, heading: str) -> set[str]:
     return found
 
 
+def test_template_owned_edit_survives_the_update(updated: Project) -> None:
+    """The user's line in a template-owned file the update changed is merged, not lost."""
+    assert SCRIPT_EDIT in (updated.path / SCRIPT).read_text("utf-8")
+
+
 def test_template_status_before_the_update(updated: Project, releases: Releases) -> None:
     done = updated.status_before
-    assert done.returncode == 0, done.stderr
+    # Behind fails the target (make exits 2 and names the script's status 3), for CI.
+    assert done.returncode == 2, done.stderr
+    assert re.search(r"\[Makefile:\d+: template-status\] Error 3$", done.stderr, re.M), done.stderr
     assert updated.changed_by_status == "", "template-status changed the project"
     out = done.stdout
     current, newest = releases.versions[updated.start], releases.versions[-1]
@@ -302,6 +341,141 @@ def test_template_status_before_the_update(updated: Project, releases: Releases)
     mine = _listed(out, "It leaves these alone, as this project owns them")
     assert theirs == set(_project_files(TEMPLATE_OWNED))
     assert mine == set(_project_files(PROJECT_OWNED))
+    assert _listed(out, "Changed here too, so the update may conflict there") == {SCRIPT}
+
+
+def test_template_status_json_before_the_update(updated: Project, releases: Releases) -> None:
+    done = updated.json_before
+    assert done.returncode == status.BEHIND == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert report["recorded"] == releases.versions[updated.start]
+    assert report["newest"] == releases.versions[-1]
+    assert report["newest_ref"] == releases.tag(-1)
+    assert report["behind_by"] == len(releases.versions) - 1 - updated.start
+    assert {c["path"] for c in report["template_owned"]} == set(_project_files(TEMPLATE_OWNED))
+    assert {c["path"] for c in report["project_owned"]} == set(_project_files(PROJECT_OWNED))
+    # Changed here: the job script and the user's new file; never the project-owned files.
+    assert report["changed_here"] == ["NOTES.md", SCRIPT]
+    assert report["conflict_risk"] == [SCRIPT]
+    assert report["conflict_markers"] == []
+    generated = git(updated.behind, "log", "-1", "--format=%cs", "--", ".hpc-ml-template.json")
+    assert report["last_update"] == generated.strip()
+
+
+def _fleet_list(path: Path, repos: list[str]) -> Path:
+    path.write_text("# the team's repositories\n" + "".join(f"{r}  # a repo\n" for r in repos))
+    return path
+
+
+def test_fleet_table(
+    projects: dict[tuple[str, int], Project], releases: Releases, tmp_path: Path
+) -> None:
+    """One table for repositories at different releases, made by both engines."""
+    copier0, copier1 = projects["copier", 0], projects["copier", 1]
+    cruft0, cruft1 = projects["cruft", 0], projects["cruft", 1]
+    repos = [
+        str(copier0.behind),
+        str(copier1.behind),
+        f"file://{cruft0.behind}",  # a git URL: cloned for the look
+        str(cruft1.behind),
+        str(copier1.path),  # updated: up to date
+        str(cruft0.path),
+    ]
+    listing = _fleet_list(tmp_path / "team.txt", repos)
+    # In a generated project: `make template-status REPOS=...`, here as JSON.
+    target = ["make", "--no-print-directory", "template-status", f"REPOS={listing}", "JSON=1"]
+    done = _run(target, copier1.path)
+    assert done.returncode == 2 and "Error 3" in done.stderr, done.stderr
+    table = json.loads(done.stdout)
+    assert table["exit_code"] == status.BEHIND
+    rows = table["repos"]
+    assert [row["repo"] for row in rows] == repos
+    newest = releases.versions[-1]
+    expected = [
+        (releases.versions[0], 2, [SCRIPT]),
+        (releases.versions[1], 1, [SCRIPT]),
+        (releases.versions[0], 2, [SCRIPT]),
+        (releases.versions[1], 1, [SCRIPT]),
+        (newest, 0, []),
+        (newest, 0, []),
+    ]
+    for row, (recorded, behind_by, risk) in zip(rows, expected, strict=True):
+        assert (row["recorded"], row["newest"], row["behind_by"]) == (recorded, newest, behind_by)
+        assert row["conflict_risk"] == risk, row
+        assert row["exit_code"] == (status.BEHIND if behind_by else status.UP_TO_DATE)
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["last_update"]), row
+    # From the template's own clone: `make fleet`, as text, one aligned line per repository.
+    done = _run(
+        ["make", "fleet", f"REPOS={listing}", f"PYTHON={sys.executable}"], releases.template
+    )
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
+    header, body = lines[-7], lines[-6:]
+    assert header.split()[:4] == ["repo", "recorded", "newest", "behind"]
+    column = header.index("newest")
+    for line, repo, (recorded, behind_by, risk) in zip(body, repos, expected, strict=True):
+        assert line.startswith(repo)
+        assert line[column:].split()[:2] == [newest, str(behind_by)], line
+        assert line[header.index("recorded") :].split()[0] == recorded, line
+        assert (SCRIPT in line) == bool(risk), line
+
+
+def test_fleet_names_a_repository_it_cannot_read(
+    projects: dict[tuple[str, int], Project], tmp_path: Path
+) -> None:
+    script = ROOT / PACKAGE_DIR / "template_status.py"
+    repos = [str(projects["copier", 1].path), str(tmp_path / "nosuch")]
+    done = _run([sys.executable, str(script), *repos], tmp_path)
+    assert done.returncode == status.FAILED, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith(str(tmp_path / "nosuch")) and "error: git clone:" in last, last
+
+
+def test_status_names_conflict_markers_left_by_an_update(
+    projects: dict[tuple[str, int], Project], tmp_path: Path
+) -> None:
+    project = tmp_path / SLUG
+    subprocess.run(["cp", "-a", str(projects["cruft", 1].path), str(project)], check=True)
+    job = project / SCRIPT
+    text = job.read_text("utf-8")
+    job.write_text(f"<<<<<<< before updating\n{text}=======\n{text}>>>>>>> after updating\n")
+    script = [sys.executable, f"src/{SLUG}/template_status.py"]
+    done = _run(script, project)
+    assert done.returncode == status.UNRESOLVED == 4, done.stderr
+    assert (
+        f"Conflict markers left by an update (resolve them, then commit):\n  {SCRIPT}"
+        in done.stdout
+    )
+    done = _run([*script, "--json"], project)
+    assert json.loads(done.stdout)["conflict_markers"] == [SCRIPT]
+
+
+def test_status_without_release_tags_agrees_with_the_record(
+    projects: dict[tuple[str, int], Project], releases: Releases, tmp_path: Path
+) -> None:
+    """A template without tags: its HEAD's version is the newest release."""
+    tagless = tmp_path / "tagless"
+    git(tmp_path, "clone", "-q", "--no-tags", str(releases.template), str(tagless))
+    script = [
+        sys.executable,
+        f"src/{SLUG}/template_status.py",
+        "--json",
+        "--template",
+        str(tagless),
+    ]
+    done = _run(script, projects["cruft", 0].path)  # updated: records the newest version
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["recorded"], report["newest"], report["newest_ref"]) == (
+        releases.versions[-1],
+        releases.versions[-1],
+        "HEAD",
+    )
+    done = _run(script, projects["cruft", 0].behind)  # made from the oldest release
+    assert done.returncode == status.BEHIND, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["newest"], report["behind_by"]) == (releases.versions[-1], 1)
+    assert report["conflict_risk"] == [SCRIPT]
 
 
 def test_docs_sample_is_a_real_report(updated: Project) -> None:
@@ -319,6 +493,7 @@ def test_template_status_after_the_update(updated: Project, releases: Releases) 
     done = updated.status_after
     assert done is not None, "the update failed"
     assert done.returncode == 0, done.stderr
+    assert "Conflict markers" not in done.stdout
     assert f"This project: hpc-ml-template {releases.versions[-1]}\n" in done.stdout
     assert f"Up to date: no release after {releases.versions[-1]}." in done.stdout
 
