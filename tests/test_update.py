@@ -448,6 +448,16 @@ def test_status_names_conflict_markers_left_by_an_update(
     )
     done = _run([*script, "--json"], project)
     assert json.loads(done.stdout)["conflict_markers"] == [SCRIPT]
+    # `make lint` and CI run the project's pre-commit hook, which names the file too (outside
+    # a `git merge`, where updates leave their markers).
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text("utf-8"))
+    hook = next(h for r in config["repos"] for h in r["hooks"] if h["id"] == "check-merge-conflict")
+    command, *args = hook["entry"].split()
+    module = f"pre_commit_hooks.{command.replace('-', '_')}"
+    done = _run([sys.executable, "-m", module, *args, SCRIPT, "README.md"], project)
+    assert done.returncode == 1
+    assert done.stdout.startswith(f"{SCRIPT}:1: Merge conflict string '<<<<<<<' found"), done.stdout
+    assert "README.md" not in done.stdout
 
 
 def test_status_without_release_tags_agrees_with_the_record(
