@@ -103,13 +103,17 @@ def _release(template: Path, version: str) -> None:
             f"## {version} — 2026-12-03\n\nUpdate: no action needed.\n\n"
             f"- Test release {version}: job script and checkpoint comments.\n\n"
         )
-        first = text.index("\n## ") + 1
-        changelog.write_text(text[:first] + entry + text[first:], "utf-8")
+        first = re.search(r"^## \d", text, re.M)
+        assert first, "CHANGELOG.md has no release entry"
+        changelog.write_text(text[: first.start()] + entry + text[first.start() :], "utf-8")
     git(template, "add", "-A")
     git(template, "commit", "-q", "--allow-empty", "-m", f"release {version}")
-    released = _run(["make", "release", "SKIP_TESTS=1"], template)
+    released = _run(["make", "release", "TESTS=none", f"PYTHON={sys.executable}"], template)
     assert released.returncode == 0, released.stdout + released.stderr
-    assert f"tagged v{version}" in released.stdout
+    assert f"tagged v{version} (tests: none)" in released.stdout
+    published = _run(["make", "publish", f"PYTHON={sys.executable}"], template)
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert f"published v{version}: origin has every release's tag" in published.stdout
 
 
 def _change_files(template: Path, version: str) -> None:
@@ -137,8 +141,19 @@ class Releases:
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory: pytest.TempPathFactory) -> Releases:
-    template = snapshot_template(tmp_path_factory.mktemp("releases") / "template", tag=None)
+    folder = tmp_path_factory.mktemp("releases")
+    template = snapshot_template(folder / "template", tag=None)
+    # The repository users copy from: `make publish` pushes each release's tag there. The
+    # releases before this one (in CHANGELOG.md) get their tags first, as a maintainer would.
+    git(folder, "init", "-q", "--bare", "origin.git")
+    git(template, "remote", "add", "origin", str(folder / "origin.git"))
     first = CC["_template_version"]
+    for older in re.findall(
+        r"^## (\d+\.\d+\.\d+) ", (ROOT / "CHANGELOG.md").read_text("utf-8"), re.M
+    ):
+        if older != first:
+            git(template, "tag", "-a", f"v{older}", "-m", f"hpc-ml-template {older}")
+            git(template, "push", "-q", "origin", f"v{older}")
     versions = [first, _next(first, 1), _next(first, 2)]
     task = template / TASK
     task.parent.mkdir(parents=True, exist_ok=True)
@@ -584,7 +599,7 @@ def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
     version = CC["_template_version"]
 
     def release() -> str:
-        done = _run(["make", "release", "SKIP_TESTS=1"], template)
+        done = _run(["make", "release", "SKIP_TESTS=1", f"PYTHON={sys.executable}"], template)
         assert done.returncode != 0, done.stdout
         return done.stderr
 
@@ -601,8 +616,70 @@ def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
     git(template, "tag", "v99.0.0")
     assert f"release: {version} is older than the newest release 99.0.0" in release()
     git(template, "tag", "-d", "v99.0.0")
+
+    # The heading's dash may be a hyphen or an en dash; other differences are named.
+    def check_with_heading(heading: str) -> subprocess.CompletedProcess[str]:
+        changed = re.sub(rf"^## {re.escape(version)} .*$", heading, text, count=1, flags=re.M)
+        (template / "CHANGELOG.md").write_text(changed, "utf-8")
+        git(template, "commit", "-q", "-am", "heading")
+        done = _run([sys.executable, "tools/release.py", "check"], template)
+        git(template, "reset", "-q", "--hard", "HEAD~1")
+        return done
+
+    for dash in ("-", "\u2013", "\u2014"):
+        done = check_with_heading(f"## {version} {dash} 2026-12-04")
+        assert done.returncode == 0, done.stderr
+    wrong = {
+        f"## v{version} — 2026-12-04": "no 'v' before the version",
+        f"## {version} 2026-12-04": "between version and date, found '2026-12-04'",
+        f"## {version} - 04.12.2026": "must be YYYY-MM-DD and end the line, found '04.12.2026'",
+        f"### {version} - 2026-12-04": "it must start with '## '",
+        f"## {version} -- 2026-12-04": "found '--'",
+    }
+    for heading, problem in wrong.items():
+        done = check_with_heading(heading)
+        assert done.returncode == 1
+        expected = (
+            f"release: CHANGELOG.md: heading {heading!r} is not '## {version} — YYYY-MM-DD': "
+        )
+        assert done.stderr.startswith(expected), done.stderr
+        assert problem in done.stderr, done.stderr
+
+    # A version raised without `make sync`: copier.yml still states the old one.
+    newer = f"{version}9"
+    cc = (template / "cookiecutter.json").read_text("utf-8")
+    (template / "cookiecutter.json").write_text(cc.replace(f'"{version}"', f'"{newer}"'))
+    (template / "CHANGELOG.md").write_text(
+        text.replace(
+            f"## {version} ",
+            f"## {newer} — 2026-12-04\n\nUpdate: no action needed.\n\n- x\n\n## {version} ",
+            1,
+        )
+    )
+    git(template, "commit", "-q", "-am", "raised without sync")
+    assert "release: stale: copier.yml (run `make sync`); commit the result" in release()
+    git(template, "reset", "-q", "--hard", "HEAD~1")
+
     git(template, "tag", f"v{version}")
     assert f"release: v{version} is tagged already" in release()
+
+    # publish: the remote must end up with every release's tag (0.1.0's is missing there).
+    git(tmp_path, "init", "-q", "--bare", "remote.git")
+    publish = [
+        sys.executable,
+        "tools/release.py",
+        "publish",
+        "--remote",
+        str(tmp_path / "remote.git"),
+    ]
+    done = _run(publish, template)
+    assert done.returncode == 1
+    older = re.findall(r"^## (\d+\.\d+\.\d+) ", text, re.M)[1]
+    assert f"lacks the tags of releases in CHANGELOG.md: v{older} " in done.stderr, done.stderr
+    git(template, "tag", f"v{older}", "HEAD")
+    git(template, "push", "-q", str(tmp_path / "remote.git"), f"v{older}")
+    done = _run(publish, template)
+    assert done.returncode == 0, done.stderr
 
 
 def _preset_release(template: Path) -> str:
