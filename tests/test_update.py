@@ -280,6 +280,8 @@ def updated(request: pytest.FixtureRequest, projects: dict[tuple[str, int], Proj
 
 def test_update_succeeds(updated: Project) -> None:
     assert updated.update.returncode == 0, updated.update.stdout + updated.update.stderr
+    # cruft renders two releases in temporary folders: no next steps that name them.
+    assert "Next steps" not in updated.update.stdout + updated.update.stderr
 
 
 def test_project_owned_files_untouched(updated: Project) -> None:
@@ -565,6 +567,13 @@ def test_copier_cruft_and_status_agree_on_what_is_owned(default_bake: Bake, tmp_
     assert f"src/{slug}/tasks/deep/fake_task.py" in by_status
     for rel in ["slurm/README.md", "slurm/train.sbatch", f"src/{slug}/trainer.py", "Makefile"]:
         assert rel not in by_status, rel
+
+
+def test_changelog_between_leaves_out_unreleased_work() -> None:
+    text = "# Changelog\n\n## Unreleased\n\n- soon\n\n## 0.3.0 — d\n\n- three\n\n"
+    text += "## Unreleased notes\n\n- not a release\n\n## 0.2.0 — d\n\n- two\n"
+    kept = status.changelog_between(text, (0, 1, 0), (0, 3, 0))
+    assert kept == "## 0.3.0 — d\n\n- three\n\n## 0.2.0 — d\n\n- two"
 
 
 def test_status_maps_template_names_to_this_project() -> None:

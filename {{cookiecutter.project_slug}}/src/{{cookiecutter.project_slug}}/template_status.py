@@ -180,7 +180,7 @@ def changelog_between(text: str, since: Version, upto: Version) -> str:
         if match := CHANGELOG_HEADING.match(line):
             version = (int(match[1]), int(match[2]), int(match[3]))
             keep = since < version <= upto
-        elif line.startswith("# "):
+        elif line.startswith(("# ", "## ")):  # the title, "## Unreleased"
             keep = False
         if keep:
             kept.append(line)
