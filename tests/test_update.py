@@ -184,6 +184,7 @@ class Project:
     head_before: str
     update: subprocess.CompletedProcess[str]
     head_after: str  # HEAD right after the update
+    review: str  # `git diff HEAD --name-only` right after the update (the docs' review step)
     status_after: subprocess.CompletedProcess[str] | None  # once the update is committed
 
 
@@ -244,6 +245,7 @@ def _make_project(engine: str, releases: Releases, start: int, out: Path) -> Pro
     else:
         update = _run([str(BIN / "cruft"), "update", "-y"], project)
     head_after = git(project, "rev-parse", "HEAD").strip()
+    review = git(project, "diff", "HEAD", "--name-only")
     after = None
     if update.returncode == 0:
         git(project, "add", "-A")
@@ -251,7 +253,7 @@ def _make_project(engine: str, releases: Releases, start: int, out: Path) -> Pro
         after = _template_status(project)
     return Project(
         engine, start, project, owned, before, changed, json_before, behind, head, update,
-        head_after, after,
+        head_after, review, after,
     )  # fmt: skip
 
 
@@ -334,6 +336,13 @@ def _listed(output: str, heading: str) -> set[str]:
         if line.strip() != "(none)":
             found.add(line.split()[-1])
     return found
+
+
+def test_review_step_of_the_docs_shows_the_whole_update(updated: Project) -> None:
+    """docs/howto/updating.md: `git diff HEAD` shows what the update changed, staged or not."""
+    answers = ".copier-answers.yml" if updated.engine == "copier" else ".cruft.json"
+    expected = {answers, ".hpc-ml-template.json", *_project_files(TEMPLATE_OWNED)}
+    assert expected <= set(updated.review.split()), updated.review
 
 
 def test_template_owned_edit_survives_the_update(updated: Project) -> None:
