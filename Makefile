@@ -9,6 +9,12 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 DEMO := build/demo
+# `make demo` has an environment of its own with only what the demo needs (the CPU wheel of
+# torch, cookiecutter, the project's dependencies: requirements-demo.txt), not the test
+# toolchain of .venv. The CPU index is named: pip's default would take a CUDA build.
+DEMO_ENV := build/demo-env
+DEMO_STAMP := $(DEMO_ENV)/.installed
+CPU_INDEX := https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 # The tests without Slurm run on two pytest workers (both cores of a CI machine; one test file
 # per worker at a time, so its module fixtures are made once). The real-Slurm tests then run
@@ -41,14 +47,23 @@ $(STAMP): requirements-test.txt
 	$(BIN)/pip install --quiet -r requirements-test.txt
 	touch $@
 
-demo: $(STAMP) ## Bake the default project into build/demo and run its example end to end
+$(DEMO_STAMP): requirements-demo.txt
+	$(PYTHON) -m venv $(DEMO_ENV)
+	$(DEMO_ENV)/bin/pip install --quiet "$(TORCH)" --index-url $(CPU_INDEX)
+	@$(DEMO_ENV)/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda and \
+		f"make demo: pip installed the CUDA {torch.version.cuda} build of torch, not the CPU \
+		wheel of $(CPU_INDEX) (pip.conf names another index?)")'
+	$(DEMO_ENV)/bin/pip install --quiet -r requirements-demo.txt
+	touch $@
+
+demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its example end to end
 	rm -rf $(DEMO)
 	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
 	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
-	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate --run demo
+	$(DEMO_ENV)/bin/cookiecutter --no-input --output-dir $(DEMO) .
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project prepare
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project train run.name=demo
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project evaluate --run demo
 	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
