@@ -51,8 +51,8 @@ $(DEMO_STAMP): requirements-demo.txt
 	$(PYTHON) -m venv $(DEMO_ENV)
 	$(DEMO_ENV)/bin/pip install --quiet "$(TORCH)" --index-url $(CPU_INDEX)
 	@$(DEMO_ENV)/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda and \
-		f"make demo: pip installed the CUDA {torch.version.cuda} build of torch, not the CPU \
-		wheel of $(CPU_INDEX) (pip.conf names another index?)")'
+	f"make demo: pip installed the CUDA {torch.version.cuda} build of torch, not the CPU \
+	wheel of $(CPU_INDEX) (pip.conf names another index?)")'
 	$(DEMO_ENV)/bin/pip install --quiet -r requirements-demo.txt
 	touch $@
 

@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,33 @@ def test_submit_without_slurm_says_so_in_one_line(tmp_path: Path) -> None:
     first = done.stderr.splitlines()[0]
     assert first.startswith("make submit: no Slurm here (sbatch not found): submit on the")
     assert "or train here with make train" in first
+
+
+@pytest.mark.parametrize("cuda", [None, "12.6"])
+def test_install_cpu_refuses_a_cuda_build_of_torch(
+    cuda: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make install-cpu` ends with this check of the torch that pip installed."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    installed = tmp_path / "torch"  # stands in for what pip installed: only its version data
+    installed.mkdir()
+    (installed / "__init__.py").write_text(
+        "from types import SimpleNamespace\n"
+        f"__version__ = '2.9.0'\nversion = SimpleNamespace(cuda={cuda!r})\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = subprocess.run(
+        [make, "--no-print-directory", "-C", str(ROOT), "cpu-torch-check", f"PY={sys.executable}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if cuda is None:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode != 0
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("make install-cpu: torch 2.9.0 is a CUDA 12.6 build, not the CPU wheel")
