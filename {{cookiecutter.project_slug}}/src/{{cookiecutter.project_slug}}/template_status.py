@@ -47,6 +47,7 @@ VARIABLE = re.compile(r"\{\{\s*cookiecutter\.(\w+)\s*\}\}")
 CHANGE_WORDS = {"A": "added", "M": "modified", "D": "removed", "T": "modified"}
 # Lines git, copier and cruft write around the two sides of a conflict.
 MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+MARKER_SCAN_LIMIT = 5 * 1024 * 1024  # bytes
 UP_TO_DATE, FAILED, BEHIND, UNRESOLVED = 0, 1, 3, 4
 # Worst first: a table exits with the status of its worst row.
 SEVERITY = (FAILED, UNRESOLVED, BEHIND, UP_TO_DATE)
@@ -283,6 +284,8 @@ def conflict_markers(root: Path) -> list[str]:
     for rel in files:
         path = root / rel
         try:
+            if path.stat().st_size > MARKER_SCAN_LIMIT:  # data, not text an update merged
+                continue
             text = path.read_text("utf-8")
         except (OSError, UnicodeDecodeError):  # binary or unreadable: no markers to find
             continue
