@@ -612,30 +612,53 @@ def test_status_without_a_recorded_source_names_the_fix(releases: Releases, tmp_
 # --------------------------------------------------------------------------- make release
 
 
-def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
-    template = snapshot_template(tmp_path / "template", tag=None)
-    version = CC["_template_version"]
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A fresh, untagged copy of the template to try releases in."""
+    return snapshot_template(tmp_path / "template", tag=None)
 
-    def release() -> str:
-        done = _run(["make", "release", "SKIP_TESTS=1", f"PYTHON={sys.executable}"], template)
-        assert done.returncode != 0, done.stdout
-        return done.stderr
 
+def _refused(template: Path) -> str:
+    done = _run(["make", "release", "SKIP_TESTS=1", f"PYTHON={sys.executable}"], template)
+    assert done.returncode != 0, done.stdout
+    return done.stderr
+
+
+def test_release_refuses_what_is_not_ready(clone: Path) -> None:
+    template, version = clone, CC["_template_version"]
     (template / "README.md").write_text("changed\n", "utf-8")
-    assert "release: uncommitted changes" in release()
+    assert "release: uncommitted changes" in _refused(template)
     git(template, "checkout", "-q", "--", "README.md")
 
     text = (template / "CHANGELOG.md").read_text("utf-8")
     (template / "CHANGELOG.md").write_text(text.replace(f"## {version} ", "## 9.9.9 "), "utf-8")
     git(template, "commit", "-q", "-am", "no entry")
-    assert f"release: CHANGELOG.md: no entry '## {version} — YYYY-MM-DD'" in release()
+    assert f"release: CHANGELOG.md: no entry '## {version} — YYYY-MM-DD'" in _refused(template)
     git(template, "reset", "-q", "--hard", "HEAD~1")
 
     git(template, "tag", "v99.0.0")
-    assert f"release: {version} is older than the newest release 99.0.0" in release()
+    assert f"release: {version} is older than the newest release 99.0.0" in _refused(template)
     git(template, "tag", "-d", "v99.0.0")
 
-    # The heading's dash may be a hyphen or an en dash; other differences are named.
+    # A version raised without `make sync`: copier.yml still states the old one.
+    newer = f"{version}9"
+    cc = (template / "cookiecutter.json").read_text("utf-8")
+    (template / "cookiecutter.json").write_text(cc.replace(f'"{version}"', f'"{newer}"'))
+    entry = f"## {newer} — 2026-12-04\n\nUpdate: no action needed.\n\n- x\n\n## {version} "
+    (template / "CHANGELOG.md").write_text(text.replace(f"## {version} ", entry, 1))
+    git(template, "commit", "-q", "-am", "raised without sync")
+    assert "release: stale: copier.yml (run `make sync`); commit the result" in _refused(template)
+    git(template, "reset", "-q", "--hard", "HEAD~1")
+
+    git(template, "tag", f"v{version}")
+    assert f"release: v{version} is tagged already" in _refused(template)
+
+
+def test_release_changelog_heading_dashes_and_what_differs(clone: Path) -> None:
+    """The heading's dash may be a hyphen or an en dash; other differences are named."""
+    template, version = clone, CC["_template_version"]
+    text = (template / "CHANGELOG.md").read_text("utf-8")
+
     def check_with_heading(heading: str) -> subprocess.CompletedProcess[str]:
         changed = re.sub(rf"^## {re.escape(version)} .*$", heading, text, count=1, flags=re.M)
         (template / "CHANGELOG.md").write_text(changed, "utf-8")
@@ -663,41 +686,39 @@ def test_release_refuses_what_is_not_ready(tmp_path: Path) -> None:
         assert done.stderr.startswith(expected), done.stderr
         assert problem in done.stderr, done.stderr
 
-    # A version raised without `make sync`: copier.yml still states the old one.
-    newer = f"{version}9"
-    cc = (template / "cookiecutter.json").read_text("utf-8")
-    (template / "cookiecutter.json").write_text(cc.replace(f'"{version}"', f'"{newer}"'))
-    (template / "CHANGELOG.md").write_text(
-        text.replace(
-            f"## {version} ",
-            f"## {newer} — 2026-12-04\n\nUpdate: no action needed.\n\n- x\n\n## {version} ",
-            1,
-        )
-    )
-    git(template, "commit", "-q", "-am", "raised without sync")
-    assert "release: stale: copier.yml (run `make sync`); commit the result" in release()
-    git(template, "reset", "-q", "--hard", "HEAD~1")
 
-    git(template, "tag", f"v{version}")
-    assert f"release: v{version} is tagged already" in release()
+def test_release_names_the_tests_it_runs(clone: Path) -> None:
+    bogus = _run(["make", "release", "TESTS=bogus", f"PYTHON={sys.executable}"], clone)
+    assert "TESTS=bogus: use all, quick or none" in bogus.stderr
+    dry = _run(["make", "-n", "release", "TESTS=quick", f"PYTHON={sys.executable}"], clone)
+    assert "make test-quick" in dry.stdout and "tag --tested quick" in dry.stdout, dry.stdout
+    quick = re.search(r"^QUICK_TESTS := (.*?[^\\])$", (ROOT / "Makefile").read_text(), re.M | re.S)
+    assert quick, "QUICK_TESTS is gone from the Makefile"
+    files = quick[1].replace("\\\n", " ").split()
+    assert len(files) >= 5 and all((ROOT / f).is_file() for f in files), files
 
-    # publish: the remote must end up with every release's tag (0.1.0's is missing there).
-    git(tmp_path, "init", "-q", "--bare", "remote.git")
-    publish = [
-        sys.executable,
-        "tools/release.py",
-        "publish",
-        "--remote",
-        str(tmp_path / "remote.git"),
-    ]
+
+def test_publish_checks_every_release_tag_on_the_remote(clone: Path, tmp_path: Path) -> None:
+    """The remote users copy from must end up with every release's tag."""
+    template, version = clone, CC["_template_version"]
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    publish = [sys.executable, "tools/release.py", "publish", "--remote", str(remote)]
     done = _run(publish, template)
     assert done.returncode == 1
-    older = re.findall(r"^## (\d+\.\d+\.\d+) ", text, re.M)[1]
-    assert f"lacks the tags of releases in CHANGELOG.md: v{older} " in done.stderr, done.stderr
-    git(template, "tag", f"v{older}", "HEAD")
-    git(template, "push", "-q", str(tmp_path / "remote.git"), f"v{older}")
+    assert f"v{version} is not tagged yet: run `make release` first" in done.stderr
+    git(template, "tag", "-a", f"v{version}", "-m", "release")
+    done = _run(publish, template)
+    assert done.returncode == 1
+    older = re.findall(r"^## (\d+\.\d+\.\d+) ", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    missing = ", ".join(f"v{v}" for v in older if v != version)
+    assert f"lacks the tags of releases in CHANGELOG.md: {missing} " in done.stderr, done.stderr
+    for v in older[1:]:
+        git(template, "tag", f"v{v}", "HEAD")
+        git(template, "push", "-q", str(remote), f"v{v}")
     done = _run(publish, template)
     assert done.returncode == 0, done.stderr
+    assert f"v{version}" in git(tmp_path, "ls-remote", "--tags", str(remote))
 
 
 def _preset_release(template: Path) -> str:
