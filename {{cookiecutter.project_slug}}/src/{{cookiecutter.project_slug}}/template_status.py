@@ -164,6 +164,14 @@ def clone_url(source: str) -> str:
     return source
 
 
+def resolve_local(source: str, root: Path) -> str:
+    """A relative template path, as copier records it when given one: from the project first."""
+    if "://" in source or ":" in source.partition("/")[0] or Path(source).is_absolute():
+        return source
+    beside = root / source
+    return str(beside.resolve()) if beside.exists() else source
+
+
 def releases(repo: Path) -> dict[Version, str]:
     """Release tags (vX.Y.Z) of the template repository by version."""
     found = {}
@@ -331,7 +339,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         )
     # The recorded commit, where the template has it; else the recorded release's tag.
     commit = recorded[1] if recorded else ""
-    repo = templates.get(source)
+    repo = templates.get(resolve_local(source, root))
     tags = releases(repo)
     if tags:
         newest = max(tags)
