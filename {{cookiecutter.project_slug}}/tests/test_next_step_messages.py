@@ -78,7 +78,7 @@ def test_submit_without_slurm_says_so_in_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     first = done.stderr.splitlines()[0]
-    assert first.startswith("make submit: no Slurm here (sbatch not found): submit on the")
+    assert first.startswith("make submit: no Slurm here (sbatch: command not found): submit on")
     assert "or train here with make train" in first
 
 
