@@ -9,18 +9,36 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 DEMO := build/demo
+# `make demo` has an environment of its own with only what the demo needs (the CPU wheel of
+# torch, cookiecutter, the project's dependencies: requirements-demo.txt), not the test
+# toolchain of .venv. The CPU index is named: pip's default would take a CUDA build.
+DEMO_ENV := build/demo-env
+DEMO_STAMP := $(DEMO_ENV)/.installed
+CPU_INDEX := https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 # The tests without Slurm run on two pytest workers (both cores of a CI machine; one test file
 # per worker at a time, so its module fixtures are made once). The real-Slurm tests then run
 # alone, one at a time: a local cluster's ranks rendezvous over TCP with timeouts, and beside
 # two busy workers the two-node jobs missed theirs (see docs/contributing.md).
 TEST_WORKERS ?= 2
+# What `make test-quick` runs: every test that bakes, updates or checks answers and docs, none
+# that runs a generated project's suite, a container, uv or Slurm.
+QUICK_TESTS := tests/test_rules.py tests/test_questions.py tests/test_bad_answers.py \
+	tests/test_bake.py tests/test_engines.py tests/test_lint.py tests/test_docs.py \
+	tests/test_update.py
+# Which tests `make release` runs first: all (`make test`, about 30 minutes), quick
+# (`make test-quick`) or none; the tag's message records which. SKIP_TESTS=1 means none.
+TESTS ?= all
+RELEASE_TESTS := $(if $(SKIP_TESTS),none,$(TESTS))
+# release.py runs the mirror generators' checks, which need .venv's packages where it exists.
+RELEASE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+REMOTE ?= origin
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test sync bench release clean
+.PHONY: help demo test test-quick sync bench release publish fleet clean
 
 help: ## List the commands
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +47,23 @@ $(STAMP): requirements-test.txt
 	$(BIN)/pip install --quiet -r requirements-test.txt
 	touch $@
 
-demo: $(STAMP) ## Bake the default project into build/demo and run its example end to end
+$(DEMO_STAMP): requirements-demo.txt
+	$(PYTHON) -m venv $(DEMO_ENV)
+	$(DEMO_ENV)/bin/pip install --quiet "$(TORCH)" --index-url $(CPU_INDEX)
+	@$(DEMO_ENV)/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda and \
+	f"make demo: pip installed the CUDA {torch.version.cuda} build of torch, not the CPU \
+	wheel of $(CPU_INDEX) (pip.conf names another index?)")'
+	$(DEMO_ENV)/bin/pip install --quiet -r requirements-demo.txt
+	touch $@
+
+demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its example end to end
 	rm -rf $(DEMO)
 	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
 	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
-	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate --run demo
+	$(DEMO_ENV)/bin/cookiecutter --no-input --output-dir $(DEMO) .
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project prepare
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project train run.name=demo
+	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project evaluate --run demo
 	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
@@ -46,17 +73,35 @@ test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generat
 		|| [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
+test-quick: $(STAMP) ## A quick subset: answers, bakes, engines, lint, docs, updates (no Slurm)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(QUICK_TESTS) \
+		$(PYTEST_ARGS)
+
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
 	$(BIN)/python tools/gen_hook_data.py
 	$(BIN)/python tools/gen_options_doc.py
 
-release: ## Tag the version in cookiecutter.json: changelog entry, tests, tag (SKIP_TESTS=1: no tests)
-	$(PYTHON) tools/release.py check
-ifndef SKIP_TESTS
+release: ## Tag the version in cookiecutter.json: checks, tests (TESTS=all|quick|none), tag
+	$(RELEASE_PYTHON) tools/release.py check
+ifeq ($(RELEASE_TESTS),all)
 	$(MAKE) test
+else ifeq ($(RELEASE_TESTS),quick)
+	$(MAKE) test-quick
+else ifneq ($(RELEASE_TESTS),none)
+	$(error TESTS=$(RELEASE_TESTS): use all, quick or none)
 endif
-	$(PYTHON) tools/release.py tag
+	$(RELEASE_PYTHON) tools/release.py tag --tested $(RELEASE_TESTS)
+
+publish: ## Push the release tag to REMOTE (origin); check it has every release's tag
+	$(RELEASE_PYTHON) tools/release.py publish --remote $(REMOTE)
+
+# The same report as a generated project's `make template-status`, run from the template's
+# copy of it (standard library and git only: no .venv needed).
+fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1 for JSON
+	@test -n "$(REPOS)" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
+	@$(PYTHON) '{{cookiecutter.project_slug}}/src/{{cookiecutter.project_slug}}/template_status.py' \
+		--repos-file "$(REPOS)"$(if $(JSON), --json)
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py

@@ -9,7 +9,8 @@ inside an existing git work tree. ``cruft update`` and ``copier update`` regener
 project in temporary folders to compute their diff; a repository created there would end
 up in that diff, so both are recognised and skipped: copier does not run this task on
 update, and under cruft the context lacks ``_output_dir``, which only plain cookiecutter
-sets (cruft users commit with cruft's own workflow, see the next steps).
+sets (cruft users commit with cruft's own workflow, see the next steps). During ``cruft
+update`` the hook prints nothing: the next steps would name cruft's temporary folders.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +28,35 @@ Created {name} in {path}
 
 Next steps:
   cd {path}
-  {env}
-  make data train       # {data}
-  make submit           # the same training as a job on a GPU node of {cluster}
+On this computer (a laptop: no GPU needed):
+{here}
+On the cluster ({cluster}), in a clone of this repository on the login node:
+{cluster_steps}
 Read README.md for the rest; `make help` lists every command.
 """
 
-ENV_COMMANDS = {
-    "venv": "make install          # .venv with the project, its dev tools and git hooks",
-    "conda": "make install          # conda prefix env ./.conda from environment.yml",
-    "apptainer": "make container        # build the image (a job on a compute node)",
-    "uv": "make install          # uv sync: .venv from pyproject.toml and uv.lock, git hooks",
+# A laptop gets the small CPU-only torch wheel; `make install` would take the CUDA build the
+# cluster needs (gigabytes). With apptainer the local .venv is CPU-only anyway and training
+# runs in the image, which is built on the cluster.
+HERE_INSTALL = {
+    "venv": "make install-cpu      # .venv with CPU-only torch, the project, dev tools, git hooks",
+    "conda": "make install-cpu      # ./.conda from environment.yml with CPU-only torch, git hooks",
+    "uv": "make install-cpu      # uv sync with CPU-only torch: .venv, uv.lock, git hooks",
+    "apptainer": "make install          # .venv with CPU-only torch: editor, tests, git hooks",
 }
-DATA_STEP = {
-    "yes": "prepare the example data and train right here (CPU or GPU)",
-    "no": "once data/raw holds your data and data.py reads it (data/README.md)",
+HERE_RUN = {
+    "yes": "make data train       # prepare the example data and train right here (CPU)",
+    "no": "make test             # the project's tests; then your data (data/README.md)",
+}
+CLUSTER_INSTALL = {
+    "venv": "make install          # the same with the CUDA build of torch for its GPUs",
+    "conda": "make install          # the same with the CUDA build of torch for its GPUs",
+    "uv": "make install          # the same with the CUDA build of torch for its GPUs",
+    "apptainer": "make container        # build the image (a job on a compute node)",
+}
+CLUSTER_RUN = {
+    "yes": "make data submit      # prepare the data, then train as a job on a GPU node",
+    "no": "make submit           # once data/raw holds your data and the task reads it",
 }
 MANIFEST_COLUMNS = 4
 # Folders whose every file is optional (chosen by its file name): both engines leave them
@@ -111,11 +127,24 @@ def protect_raw_data(project: Path) -> None:
             (project / "data" / "raw" / fields[0]).chmod(int(fields[2], 8))
 
 
-def main(answers: dict[str, Any], *, may_commit: bool) -> int:
+def cruft_update_run(context: dict[str, Any], project: Path) -> bool:
+    """True when cruft renders a release into a temporary folder to compute its update.
+
+    cruft sets no ``_output_dir`` (plain cookiecutter does); ``cruft update`` renders into a
+    fresh ``tempfile`` folder, where the next steps would name a folder about to be deleted.
+    """
+    parent = project.resolve().parent
+    in_temp = parent.parent == Path(tempfile.gettempdir()).resolve()
+    return "_output_dir" not in context and in_temp and parent.name.startswith("tmp")
+
+
+def main(answers: dict[str, Any], *, may_commit: bool, quiet: bool = False) -> int:
     """Protect the raw data, make the first commit when asked and allowed, print next steps."""
     project = Path.cwd()
     protect_raw_data(project)
     remove_empty_optional_folders(project)
+    if quiet:  # an update's rendering: nothing to commit, nothing to tell
+        return 0
     if answers.get("git_init") == "yes":
         if may_commit:
             print(first_commit(project, answers["author_name"], answers["author_email"]))
@@ -125,9 +154,11 @@ def main(answers: dict[str, Any], *, may_commit: bool) -> int:
         NEXT_STEPS.format(
             name=answers["project_name"],
             path=project,
-            env=ENV_COMMANDS[answers["environment"]],
-            data=DATA_STEP[answers["example"]],
+            here=f"  {HERE_INSTALL[answers['environment']]}\n  {HERE_RUN[answers['example']]}",
             cluster=answers["cluster"],
+            cluster_steps=(
+                f"  {CLUSTER_INSTALL[answers['environment']]}\n  {CLUSTER_RUN[answers['example']]}"
+            ),
         )
     )
     if answers.get("author_email") == PLACEHOLDER_EMAIL:
@@ -142,4 +173,10 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:  # copier task: answers in argv, runs on the first copy only
         sys.exit(main(json.loads(sys.argv[1]), may_commit=True))
     context = json.loads(r"""{{ cookiecutter | tojson }}""")
-    sys.exit(main(context, may_commit="_output_dir" in context))
+    sys.exit(
+        main(
+            context,
+            may_commit="_output_dir" in context,
+            quiet=cruft_update_run(context, Path.cwd()),
+        )
+    )

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ import gen_options_doc  # tools/ is on pytest's pythonpath
 import pytest
 import yaml
 from engines import Bake, bake
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -37,7 +40,14 @@ PAGES = sorted(DOCS.rglob("*.md"))
 SLUGS = {"my_hpc_project", "digits_workshop", "<slug>"}
 # Answers of the extra bakes: every environment, both presets, the optional files.
 VARIANTS = {
-    "conda-generic": {"environment": "conda", "cluster": "generic", "ci": "none", "example": "no"},
+    # The longest slug there is (50 characters): the README's columns must hold.
+    "conda-generic": {
+        "environment": "conda",
+        "cluster": "generic",
+        "ci": "none",
+        "example": "no",
+        "project_name": "Thermal Convection Surrogates For Large Eddy Simulation Runs",
+    },
     "apptainer-github": {"environment": "apptainer", "ci": "github", "snakemake": "yes"},
     "uv-mlflow": {"environment": "uv", "tracking": "mlflow", "vscode": "no"},
 }
@@ -484,6 +494,51 @@ def test_generated_readme_first_screen_apptainer(variants: dict[str, Bake]) -> N
     assert "module load apptainer" in screen
     assert "make container" in screen
     assert screen.index("make container") < screen.index("sbatch slurm/train.sbatch")
+
+
+def test_generated_readme_first_screen_keeps_its_comment_column(bakes: dict[str, Bake]) -> None:
+    for name, baked in bakes.items():
+        commented = [
+            line for line in readme_first_screen(baked.project).splitlines() if " # " in line
+        ]
+        assert len(commented) >= 4, name
+        columns = {line.index(" # ") for line in commented}
+        assert len(columns) == 1, f"{name}: comments start in columns {sorted(columns)}"
+
+
+def test_generated_readme_map_of_files_names_real_files(bakes: dict[str, Bake]) -> None:
+    """The "Files you can ignore today" tables name files and folders of this very bake."""
+    for name, baked in bakes.items():
+        text = (baked.project / "README.md").read_text("utf-8")
+        section = text.split("## Files you can ignore today", 1)[1].split("\n## ", 1)[0]
+        named = {
+            code.split("<", 1)[0].rstrip("/")
+            for row in section.splitlines()
+            if row.startswith("| `")
+            for code in re.findall(r"`([^`]+)`", row.split(" | ")[0])
+        }
+        assert len(named) > 12, name
+        missing = sorted(p for p in named if not (baked.project / p).exists())
+        assert missing == [], f"{name}: the map names what the bake lacks: {missing}"
+
+
+def test_demo_installs_only_what_the_demo_needs(default_bake: Bake) -> None:
+    """requirements-demo.txt: cookiecutter and the project's own dependencies, nothing else."""
+    pyproject = tomllib.loads((default_bake.project / "pyproject.toml").read_text("utf-8"))
+    needed = {
+        canonicalize_name(req.name)
+        for req in map(Requirement, pyproject["project"]["dependencies"])
+        if req.name != "torch" and (req.marker is None or req.marker.evaluate())
+    }
+    lines = (ROOT / "requirements-demo.txt").read_text("utf-8").splitlines()
+    demo = {canonicalize_name(Requirement(line).name) for line in lines if line and line[0] != "#"}
+    assert demo == needed | {"cookiecutter"}
+    # The demo's recipe runs in its own environment, never in the tests' .venv.
+    makefile = (ROOT / "Makefile").read_text("utf-8")
+    recipe = makefile.split("\ndemo: ", 1)[1].split("\n\n", 1)[0]
+    assert recipe.startswith("$(DEMO_STAMP)")
+    assert "$(BIN)" not in recipe
+    assert "-r requirements-demo.txt" in makefile.split("$(DEMO_STAMP):", 1)[1].split("\n\n")[0]
 
 
 def test_generated_readme_states_the_job_of_the_answers(template: Path, tmp_path: Path) -> None:

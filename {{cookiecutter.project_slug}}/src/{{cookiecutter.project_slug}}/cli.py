@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from . import __version__, rawdata
-from .config import Config, load_config
-from .errors import ConfigError, ProjectError
+from .config import Config, field_types, load_config
+from .errors import ConfigError, DataError, ProjectError
 from .manifest import RawDataError
 from .names import check_given, check_run_name
 from .settings import Settings, get_settings
@@ -63,7 +63,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
     from .trainer import train  # noqa: PLC0415  (imports torch)
 
-    return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
+    try:
+        return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
+    except DataError as err:
+        if (settings.processed_dir / cfg.task.name).is_dir():
+            raise
+        # `prepare` alone would prepare the default task: say the command for this one.
+        config = [f"--config={args.config}"] if args.config else []
+        command = " ".join([PROG, "prepare", *config, *args.overrides])
+        raise DataError(f"{err}; for this task and settings: `{command}`") from None
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -73,6 +81,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.run:
         check_run_name(args.run, "--run")
+        if not (settings.runs_dir / args.run).is_dir():
+            saved = settings.runs_dir.glob("*/checkpoints")
+            found = sorted(p.parent.name for p in saved if p.is_dir())
+            runs = ", ".join(found) if found else "none yet: train first"
+            raise DataError(f"--run {args.run}: no such run in {settings.runs_dir}; runs: {runs}")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
     result = evaluate_run(run_dir, settings, args.device)
     print(json.dumps(result, indent=2))
@@ -128,9 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setting_hint(unknown: list[str], argv: list[str]) -> str:
+    """`--epochs 3` -> `train.epochs=3`: how an unknown option is written as a setting."""
+    option = next((arg for arg in unknown if arg.startswith("--")), "--epochs")
+    name, _, value = option[2:].partition("=")
+    following = argv[argv.index(option) + 1 :] if option in argv else []
+    if not value and following and not following[0].startswith("-"):
+        value = following[0]
+    key = name.replace("-", "_")
+    sections = [name for name, kind in field_types(Config).items() if key in field_types(kind)]
+    dotted = key if "." in key else f"{sections[0] if sections else 'section'}.{key}"
+    return f"{dotted}={value or '...'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and `python -m`; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}; settings are section.key=value,"
+            f" e.g. `{PROG} {args.command} {_setting_hint(unknown, argv)}`"
+        )
     try:
         code: int = args.func(args)
         return code

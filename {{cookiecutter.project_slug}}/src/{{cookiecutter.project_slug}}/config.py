@@ -289,10 +289,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply(cfg: Config, data: dict[str, Any]) -> None:
+def _apply(cfg: Config, data: dict[str, Any], source: Path | None = None) -> None:
+    """Set every value of ``data``; an error names ``source``, the file they come from."""
     for section_name, table in data.items():
         for key, value in table.items():
-            _set(cfg, f"{section_name}.{key}", value)
+            try:
+                _set(cfg, f"{section_name}.{key}", value)
+            except ConfigError as err:
+                if source is None:
+                    raise
+                raise ConfigError(f"{source}: {err}") from None
 
 
 def _apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
@@ -309,18 +315,18 @@ def load_config(
     task_dir: Path | None = None,
 ) -> Config:
     """Defaults, the TOML file (if given), `task_dir/<task.name>.toml` (if there), overrides."""
-    layers = [_read_toml(path)] if path is not None else []
+    layers = [(path, _read_toml(path))] if path is not None else []
     if task_dir is not None:  # the task's name may come from any layer, the overrides last
         probe = Config()
-        for data in layers:
-            _apply(probe, data)
+        for source, data in layers:
+            _apply(probe, data, source)
         _apply_overrides(probe, overrides)
         task_file = task_dir / f"{probe.task.name}.toml"
         if task_file.is_file():
-            layers.append(_read_toml(task_file))
+            layers.append((task_file, _read_toml(task_file)))
     cfg = Config()
-    for data in layers:
-        _apply(cfg, data)
+    for source, data in layers:
+        _apply(cfg, data, source)
     _apply_overrides(cfg, overrides)
     _type_task_options(cfg)
     validate(cfg)

@@ -1,0 +1,112 @@
+"""Messages that tell a newcomer the next step: each names the command or file to use."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PACKAGE, ROOT, example_task, pkg
+
+cli = pkg("cli")
+config = pkg("config")
+
+
+def test_an_option_gets_the_setting_it_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", "--epochs", "3"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --epochs" in err
+    assert f"`{PACKAGE} train train.epochs=3`" in err
+    with pytest.raises(SystemExit):
+        cli.main(["prepare", "--val-fraction=0.2"])
+    assert f"`{PACKAGE} prepare data.val_fraction=0.2`" in capsys.readouterr().err
+
+
+def test_a_typo_in_a_config_file_names_the_file(tmp_path: Path) -> None:
+    train = tmp_path / "train.toml"
+    train.write_text('[task]\nname = "mine"\n\n[run]\nkeep_chekpoints = 2\n', encoding="utf-8")
+    with pytest.raises(config.ConfigError, match=r"keep_chekpoints") as err:
+        config.load_config(train)
+    assert str(err.value).startswith(f"{train}: unknown config key 'run.keep_chekpoints'")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    train.write_text('[task]\nname = "mine"\n', encoding="utf-8")
+    (tasks / "mine.toml").write_text("[train]\nepochs = 'three'\n", encoding="utf-8")
+    with pytest.raises(config.ConfigError) as err:
+        config.load_config(train, task_dir=tasks)
+    assert str(err.value).startswith(f"{tasks / 'mine.toml'}: train.epochs: expected int")
+
+
+def test_evaluate_an_unknown_run_lists_the_runs(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["evaluate", "--run", "nosuch"]) == 1
+    assert capsys.readouterr().err.endswith("; runs: none yet: train first\n")
+    for name in ("baseline", "wide"):
+        (project / "runs" / name / "checkpoints").mkdir(parents=True)
+    assert cli.main(["evaluate", "--run", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: --run nosuch: no such run in {project / 'runs'}; runs: baseline, wide\n"
+
+
+def test_train_before_prepare_names_the_prepare_command(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if not example_task("regression"):
+        pytest.skip("the regression example is not part of this project (any more)")
+    shutil.copytree(ROOT / "configs", project / "configs")
+    args = ["task.name=regression", "data.verify_raw=false"]
+    assert cli.main(["train", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"`{PACKAGE} prepare task.name=regression data.verify_raw=false`" in err
+
+
+def test_submit_without_slurm_says_so_in_one_line(tmp_path: Path) -> None:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(
+        [make, "--no-print-directory", "-C", str(ROOT), "submit", "ALLOW_DIRTY=1"],
+        env={"PATH": str(tmp_path)},  # no sbatch on it
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("make submit: no Slurm here (sbatch: command not found): submit on")
+    assert "or train here with make train" in first
+
+
+@pytest.mark.parametrize("cuda", [None, "12.6"])
+def test_install_cpu_refuses_a_cuda_build_of_torch(
+    cuda: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make install-cpu` ends with this check of the torch that pip installed."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    installed = tmp_path / "torch"  # stands in for what pip installed: only its version data
+    installed.mkdir()
+    (installed / "__init__.py").write_text(
+        "from types import SimpleNamespace\n"
+        f"__version__ = '2.9.0'\nversion = SimpleNamespace(cuda={cuda!r})\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = subprocess.run(
+        [make, "--no-print-directory", "-C", str(ROOT), "cpu-torch-check", f"PY={sys.executable}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if cuda is None:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode != 0
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("make install-cpu: torch 2.9.0 is a CUDA 12.6 build, not the CPU wheel")
