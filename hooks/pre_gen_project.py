@@ -904,6 +904,25 @@ def check_given(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list
     return errors
 
 
+def check_config(default_context: Mapping[str, Any]) -> list[str]:
+    """cookiecutter's config file: answers only, none with template syntax (before any prompt).
+
+    The private values and options of the template (``_extensions`` would switch these
+    rules off) cannot be set there; every text inside a value is checked, lists included.
+    """
+    errors = []
+    for field, value in default_context.items():
+        if str(field).startswith("_"):
+            errors.append(_say(field, value, OWN_SETTING + " (config file)"))
+            continue
+        texts = value if isinstance(value, list) else [value]
+        for text in texts:
+            if message := check_hostile_text(field, str(text)):
+                errors.append(message)
+                break
+    return errors
+
+
 def check_rendered(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list[str]:
     """Cookiecutter and cruft, before the project folder: every answer, the options too.
 
