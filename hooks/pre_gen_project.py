@@ -905,7 +905,7 @@ def check_given(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list
 
 
 def check_config(default_context: Mapping[str, Any]) -> list[str]:
-    """cookiecutter's config file: answers only, none with template syntax (before any prompt).
+    """Cookiecutter's config file: answers only, none with template syntax (before any prompt).
 
     The private values and options of the template (``_extensions`` would switch these
     rules off) cannot be set there; every text inside a value is checked, lists included.

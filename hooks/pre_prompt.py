@@ -58,9 +58,17 @@ def load_rules() -> object:
 def main() -> int:
     """Print each refused config value as cookiecutter users see errors; 1 if there is one."""
     config_file, default = command_line_options(parent_argv())
-    # cookiecutter resolves a relative --config-file against its own working directory.
+    # cookiecutter read a relative --config-file from the folder it was started in, before it
+    # moved into its copy of the template: the shell's PWD names that folder.
     if config_file and not Path(config_file).is_absolute():
-        config_file = str(Path(f"/proc/{os.getppid()}/cwd").resolve() / config_file)
+        config_file = str(Path(os.environ.get("PWD", ".")) / config_file)
+        if not Path(config_file).is_file():
+            print(
+                f"ERROR: cannot find {config_file} to check it: give --config-file as an "
+                "absolute path",
+                file=sys.stderr,
+            )
+            return 1
     config = get_user_config(config_file=config_file, default_config=default)
     errors = load_rules().check_config(config.get("default_context") or {})  # type: ignore[attr-defined]
     for message in errors:
