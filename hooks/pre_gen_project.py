@@ -781,10 +781,16 @@ def check_private(answers: Mapping[str, Any]) -> list[str]:
     return errors + [m for m in [check_year(answers.get("__year"))] if m]
 
 
-def check_copier_private(context: Any) -> str:
-    """copier: the hidden questions (presets, cookiecutter) may not be given with --data."""
+def check_copier_private(context: Any, given: Mapping[str, Any]) -> str:
+    """copier: the hidden questions and private values may not be given with --data.
+
+    copier ignores a value given for a name that is no question (``_template_version``);
+    cookiecutter and cruft refuse it, and so does this rule, so that all engines agree.
+    """
     if context.get("cookiecutter") is not None:
         return "cookiecutter: is computed by the template and cannot be given (--data)"
+    if private := next((k for k in given if str(k).startswith("_")), None):
+        return _say(private, given[private], OWN_SETTING + " (--data)")
     return check_presets(context.get("presets"), "presets")
 
 
@@ -857,8 +863,15 @@ class Validation(Extension):
 
 @pass_context
 def _hpc_check(context: Any, value: object, field: str) -> str:
-    """Copier validator: the rule's message, with the preset data of the hidden question."""
-    if message := check_copier_private(context):
+    """Copier validator: the rule's message, with the preset data of the hidden question.
+
+    An answer given with ``--data``/``--data-file`` ends the run with the rule's one line
+    (copier would print its traceback before it); a typed one is asked again by copier.
+    """
+    given = _copier_given()
+    if message := check_copier_private(context, given):
+        if {"cookiecutter", "presets"} & set(given) or any(str(k)[:1] == "_" for k in given):
+            _stop_given(message)
         return message
     names = ("project_name", "project_slug", "cluster", "partition", "python_version")
     answers = {k: context.get(k) for k in names}
@@ -868,7 +881,32 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
     slug = str(answers["project_slug"] or "")
     if not message and field == "python_version" and (taken := python_names(slug, str(value))):
         message = _say("python_version", value, f"project_slug {slug!r} {taken}")
+    if message and field in given and str(given[field]) == str(value):
+        _stop_given(message)
     return message
+
+
+def _copier_given() -> Mapping[str, Any]:
+    """The answers given to copier (``--data``, ``--data-file``), from its worker's frame."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (
+            frame.f_code.co_name == "_ask"
+            and str(frame.f_globals.get("__name__")) == "copier._main"
+        ):
+            return frame.f_locals["self"].answers.init
+        frame = frame.f_back
+    return {}
+
+
+def _stop_given(message: str) -> None:
+    """End copier with the rule's line as its last line.
+
+    copier turns any Exception of a validator into a ValueError and its traceback; a
+    SystemExit passes through, and copier removes the destination it made.
+    """
+    print(f"ERROR: {message}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 def _stop_on(errors: list[str]) -> None:
