@@ -873,6 +873,11 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
         if {"cookiecutter", "presets"} & set(given) or any(str(k)[:1] == "_" for k in given):
             _stop_given(message)
         return message
+    # copier checks a given choice itself before any validator, with a traceback: the first
+    # validator checks them all.
+    choices = (check_choice(k, str(v)) for k, v in given.items() if k in CHOICES)
+    if message := next((m for m in choices if m), ""):
+        _stop_given(message)
     names = ("project_name", "project_slug", "cluster", "partition", "python_version")
     answers = {k: context.get(k) for k in names}
     if field == "project_slug":
