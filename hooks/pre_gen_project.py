@@ -865,12 +865,15 @@ class Validation(Extension):
 def _hpc_check(context: Any, value: object, field: str) -> str:
     """Copier validator: the rule's message, with the preset data of the hidden question.
 
-    An answer given with ``--data``/``--data-file`` ends the run with the rule's one line
-    (copier would print its traceback before it); a typed one is asked again by copier.
+    An answer given with ``--data``/``--data-file``, or any answer with ``--defaults``, ends
+    the run with the rule's one line (copier would print its traceback before it); a typed
+    one is asked again by copier.
     """
-    given = _copier_given()
+    worker = _copier_worker()
+    given: Mapping[str, Any] = worker.answers.init if worker else {}
+    fatal = bool(worker and worker.defaults)
     if message := check_copier_private(context, given):
-        if {"cookiecutter", "presets"} & set(given) or any(str(k)[:1] == "_" for k in given):
+        if fatal or {"cookiecutter", "presets"} & set(given) or any(k[:1] == "_" for k in given):
             _stop_given(message)
         return message
     # copier checks a given choice itself before any validator, with a traceback: the first
@@ -886,22 +889,22 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
     slug = str(answers["project_slug"] or "")
     if not message and field == "python_version" and (taken := python_names(slug, str(value))):
         message = _say("python_version", value, f"project_slug {slug!r} {taken}")
-    if message and field in given and str(given[field]) == str(value):
+    if message and (fatal or (field in given and str(given[field]) == str(value))):
         _stop_given(message)
     return message
 
 
-def _copier_given() -> Mapping[str, Any]:
-    """The answers given to copier (``--data``, ``--data-file``), from its worker's frame."""
+def _copier_worker() -> Any:
+    """Copier's Worker that asks the questions (its given answers, --defaults), or None."""
     frame = sys._getframe(1)
     while frame is not None:
         if (
             frame.f_code.co_name == "_ask"
             and str(frame.f_globals.get("__name__")) == "copier._main"
         ):
-            return frame.f_locals["self"].answers.init
+            return frame.f_locals["self"]
         frame = frame.f_back
-    return {}
+    return None
 
 
 def _stop_given(message: str) -> None:
