@@ -781,6 +781,10 @@ def check_private(answers: Mapping[str, Any]) -> list[str]:
     return errors + [m for m in [check_year(answers.get("__year"))] if m]
 
 
+# What copier itself records in the answers file and passes back when it updates a project.
+COPIER_KEYS = frozenset({"_commit", "_src_path"})
+
+
 def check_copier_private(context: Any, given: Mapping[str, Any]) -> str:
     """copier: the hidden questions and private values may not be given with --data.
 
@@ -789,7 +793,7 @@ def check_copier_private(context: Any, given: Mapping[str, Any]) -> str:
     """
     if context.get("cookiecutter") is not None:
         return "cookiecutter: is computed by the template and cannot be given (--data)"
-    if private := next((k for k in given if str(k).startswith("_")), None):
+    if private := next((k for k in given if k[:1] == "_" and k not in COPIER_KEYS), None):
         return _say(private, given[private], OWN_SETTING + " (--data)")
     return check_presets(context.get("presets"), "presets")
 
@@ -873,7 +877,7 @@ def _hpc_check(context: Any, value: object, field: str) -> str:
     given: Mapping[str, Any] = worker.answers.init if worker else {}
     fatal = bool(worker and worker.defaults)
     if message := check_copier_private(context, given):
-        if fatal or {"cookiecutter", "presets"} & set(given) or any(k[:1] == "_" for k in given):
+        if fatal or given:  # private values arrive only as given data
             _stop_given(message)
         return message
     # copier checks a given choice itself before any validator, with a traceback: the first
