@@ -440,8 +440,11 @@ def check_author_name(value: str) -> str:
 def python_names(slug: str, version: str) -> str:
     """Why ``slug`` is taken in Python ``version`` (a keyword or a standard module), or ""."""
     if slug in KEYWORDS[version]:
-        return f"is a keyword of Python {version}"
-    if slug in STDLIB_EVERY_VERSION or version in STDLIB_SOME_VERSIONS.get(slug, ()):
+        everywhere = all(slug in words for words in KEYWORDS.values())
+        return "is a Python keyword" if everywhere else f"is a keyword of Python {version}"
+    if slug in STDLIB_EVERY_VERSION:
+        return "would shadow the standard-library module of that name"
+    if version in STDLIB_SOME_VERSIONS.get(slug, ()):
         return f"would shadow the standard-library module of that name in Python {version}"
     return ""
 
