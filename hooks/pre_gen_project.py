@@ -837,14 +837,14 @@ def check(field: str, value: object, answers: Mapping[str, Any], presets: Mappin
         return message
     if field in CHOICES and (message := check_choice(field, text)):
         return message
+    if field in SHELL_WORDS and len(text) > MAX_WORD:
+        return _say(field, text, f"must be at most {MAX_WORD} characters")
     if field in CONTEXT_RULES:
         message = CONTEXT_RULES[field](text, answers, presets)
     else:
         message = RULES[field](text) if field in RULES else ""
     if not message and field in SHELL_WORDS:
-        if len(text) > MAX_WORD:
-            message = _say(field, text, f"must be at most {MAX_WORD} characters")
-        elif _SHELL_SPECIAL & set(text):
+        if _SHELL_SPECIAL & set(text):
             message = _say(field, text, "must not contain quotes, spaces or shell metacharacters")
         elif not _PRINTABLE_ASCII.fullmatch(text):
             message = _say(field, text, "must be printable ASCII (no invisible characters)")
