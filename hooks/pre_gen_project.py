@@ -1000,20 +1000,61 @@ class EarlyRules(Extension):
     project folder before the pre-generation hook runs (a slug like ``a/b`` left a folder
     behind). Loaded through ``_extensions`` in cookiecutter.json, this extension sees each
     template source before Jinja parses it, and the engine's call stack tells what the source
-    is: a value being collected (``render_variable``; the given answers are the engine's
-    ``extra_context``) or the project folder's name (``render_and_create_dir``). Anything else
-    passes unchanged. The private values are left to the pre-generation hook, which checks
-    them against its own version's presets fingerprint: one process of ``cruft update``
-    renders two template versions, and this module is imported once, from the first.
+    is: a value being collected (``render_variable``: every value the engine is about to
+    render is compared with the template's cookiecutter.json, whichever route it came by) or
+    the project folder's name (``render_and_create_dir``: every answer, a replay file's
+    too). Anything else passes unchanged. The derived values are left to the pre-generation
+    hook, which checks them against its own version's presets fingerprint.
+
+    Asking interactively, each typed answer is checked when the engine renders the next
+    question's default, and asked again until it passes (copier does the same), so a bad
+    answer no longer costs the answers typed before it.
     """
+
+    def __init__(self, environment: Any) -> None:
+        """One instance per prompting session (the engines make an environment for it)."""
+        super().__init__(environment)
+        self._checked: set[str] = set()  # typed answers that passed
+        self._asking = False  # rendering a default for a question asked again
 
     def preprocess(self, source: str, _name: str | None, _filename: str | None = None) -> str:
         """Stop on a rejected answer before the engine renders it or writes anything."""
+        if self._asking:
+            return source
         if _engine_frame("render_variable") and (frame := _engine_frame("prompt_for_config")):
             _stop_on(check_given(frame.f_locals["context"]["cookiecutter"], _template_json()))
+            if not frame.f_locals.get("no_input", True):
+                self._ask_again(frame)
         elif source == PROJECT_FOLDER and (frame := _engine_frame("render_and_create_dir")):
             _stop_on(check_rendered(frame.f_locals["context"]["cookiecutter"], _template_json()))
         return source
+
+    def _ask_again(self, frame: FrameType) -> None:
+        """Check the answers typed so far; ask for a rejected one until it passes."""
+        from cookiecutter.prompt import read_user_choice, read_user_variable  # noqa: PLC0415
+
+        answers = frame.f_locals["cookiecutter_dict"]
+        raw = frame.f_locals["context"]["cookiecutter"]
+        for field in [k for k in answers if k[:1] != "_" and k not in self._checked]:
+            while message := check(field, answers[field], answers, answers.get("_presets", {})):
+                print(f"ERROR: {message}", file=sys.stderr)
+                prompts, own = frame.f_locals["prompts"], raw.get(field, "")
+                if isinstance(own, list):  # a choice, refused for another answer's sake
+                    answers[field] = read_user_choice(field, own, prompts)
+                else:
+                    answers[field] = read_user_variable(field, self._default(own, frame), prompts)
+            self._checked.add(field)
+
+    def _default(self, raw: object, frame: FrameType) -> str:
+        """The question's default, rendered with the answers so far (as the engine does)."""
+        self._asking = True
+        try:
+            env, answers = frame.f_locals["env"], frame.f_locals["cookiecutter_dict"]
+            return env.from_string(str(raw)).render(cookiecutter=answers)
+        except Exception:
+            return ""
+        finally:
+            self._asking = False
 
 
 def _engine_frames() -> Iterator[FrameType]:

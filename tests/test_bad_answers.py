@@ -558,3 +558,30 @@ def test_copier_update_checks_an_edited_answers_file(template: Path, tmp_path: P
         ["git", "status", "--short"], cwd=project, capture_output=True, check=True
     )
     assert status.stdout == b"", "the update wrote files"
+
+
+@pytest.mark.parametrize("engine", ["cookiecutter", "cruft"])
+def test_interactive_answers_are_checked_as_typed(
+    engine: str, template: Path, tmp_path: Path
+) -> None:
+    """A bad typed answer is asked again at once; the answers typed before it are kept."""
+    questions = [k for k in json.loads((ROOT / "cookiecutter.json").read_text()) if k[0] != "_"]
+    typed = dict.fromkeys(questions, "")  # Enter: the default
+    typed |= {"description": "Typed before the bad answer", "gpus_per_node": "9\n2"}
+    out = tmp_path / "out"
+    args = [_tool("cookiecutter"), "-o", str(out)] if engine == "cookiecutter" else [
+        _tool("cruft"), "create", "--output-dir", str(out)]  # fmt: skip
+    done = subprocess.run(
+        [*args, str(template)],
+        input="".join(f"{answer}\n" for answer in typed.values()),
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = "ERROR: gpus_per_node '9': exceeds the 8 GPUs per node of partition grete:shared"
+    assert message in done.stderr
+    project = out / "my_hpc_project"
+    assert "--gpus-per-node=A100:2" in (project / "slurm" / "train.sbatch").read_text("utf-8")
+    assert "Typed before the bad answer" in (project / "pyproject.toml").read_text("utf-8")
