@@ -22,11 +22,13 @@ percent sign, a hash or a second brace) out of this file: cookiecutter renders i
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import functools
 import hashlib
 import json
 import re
+import shutil
 import sys
 import time
 import unicodedata
@@ -1026,7 +1028,16 @@ class EarlyRules(Extension):
             if not frame.f_locals.get("no_input", True):
                 self._ask_again(frame)
         elif source == PROJECT_FOLDER and (frame := _engine_frame("render_and_create_dir")):
-            _stop_on(check_rendered(frame.f_locals["context"]["cookiecutter"], _template_json()))
+            answers = frame.f_locals["context"]["cookiecutter"]
+            _stop_on(check_rendered(answers, _template_json()))
+            project = Path(frame.f_locals["output_dir"], str(answers["project_slug"]))
+            generating = _engine_frame("generate_files")
+            if generating and generating.f_locals.get("accept_hooks"):  # the end is seen
+                _remove_if_unfinished(project)
+        elif (frame := _engine_frame("run_script_with_context")) and "post_gen" in str(
+            frame.f_locals.get("script_path")
+        ):
+            _UNFINISHED.clear()  # every file is written; the engine handles a failing hook
         return source
 
     def _ask_again(self, frame: FrameType) -> None:
@@ -1055,6 +1066,29 @@ class EarlyRules(Extension):
             return ""
         finally:
             self._asking = False
+
+
+# Project folders an engine has begun to write and not finished (its post-generation hook
+# not reached yet): a crash inside the engine would leave them half-written.
+_UNFINISHED: set[Path] = set()
+
+
+def _remove_if_unfinished(project: Path) -> None:
+    """Remove ``project`` at exit if the engine crashes before finishing it (a new one only)."""
+    if project.exists():
+        return  # the user's own folder (cookiecutter --overwrite-if-exists): never removed
+    if not _UNFINISHED:
+        atexit.register(_remove_unfinished)
+    _UNFINISHED.add(project)
+
+
+def _remove_unfinished() -> None:
+    """At exit: remove what a crashed engine left behind, saying so."""
+    for project in _UNFINISHED:
+        if project.exists():
+            shutil.rmtree(project, ignore_errors=True)
+            print(f"ERROR: the engine stopped half-way; removed {project}", file=sys.stderr)
+    _UNFINISHED.clear()
 
 
 def _engine_frames() -> Iterator[FrameType]:

@@ -585,3 +585,35 @@ def test_interactive_answers_are_checked_as_typed(
     project = out / "my_hpc_project"
     assert "--gpus-per-node=A100:2" in (project / "slurm" / "train.sbatch").read_text("utf-8")
     assert "Typed before the bad answer" in (project / "pyproject.toml").read_text("utf-8")
+
+
+CRASH = """
+import sys
+import cookiecutter.generate as generate
+from cookiecutter.main import cookiecutter
+
+real, written = generate.generate_file, []
+
+
+def crash_after_five(*args, **kwargs):
+    written.append(args)
+    if len(written) == 5:
+        raise RuntimeError("crash inside the engine")
+    return real(*args, **kwargs)
+
+
+generate.generate_file = crash_after_five
+cookiecutter(sys.argv[1], no_input=True, output_dir=sys.argv[2])
+"""
+
+
+def test_a_crash_inside_the_engine_leaves_nothing_written(template: Path, tmp_path: Path) -> None:
+    """cookiecutter leaves a half-written project after an unexpected error; not with us."""
+    out = tmp_path / "out"
+    driver = tmp_path / "crash.py"
+    driver.write_text(CRASH, "utf-8")
+    done = _run_engine([sys.executable, str(driver), str(template), str(out)], tmp_path)
+    assert "RuntimeError: crash inside the engine" in done.stderr
+    assert done.returncode != 0
+    assert "ERROR: the engine stopped half-way; removed" in done.stderr
+    assert list(out.iterdir()) == []
