@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import functools
 import hashlib
 import json
 import re
@@ -1124,9 +1123,8 @@ def _template_json() -> dict[str, Any]:
     raise RuntimeError(message)
 
 
-@functools.lru_cache
 def _read_json(path: str) -> dict[str, Any]:
-    """A JSON file's content, read once per path."""
+    """A JSON file's content (read each time: cruft checks out two versions in one folder)."""
     return json.loads(Path(path).read_text("utf-8"))
 
 
