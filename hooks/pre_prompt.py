@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from cookiecutter.config import get_user_config
+import yaml
 
 
 def command_line_options(argv: list[str]) -> tuple[str | None, bool]:
@@ -55,22 +55,40 @@ def load_rules() -> object:
     return module
 
 
+def config_path(argv: list[str]) -> Path | None:
+    """The config file cookiecutter reads, in its order (cookiecutter.config.get_user_config).
+
+    ``--default-config`` reads none; then ``--config-file``, ``COOKIECUTTER_CONFIG`` and
+    ``~/.cookiecutterrc`` if it exists. (Found here rather than by importing cookiecutter: a
+    bake without a config file pays only the start of this hook.)
+    """
+    config_file, default = command_line_options(argv)
+    if default:
+        return None
+    if config_file:
+        # cookiecutter read a relative path from the folder it was started in, before it
+        # moved into its copy of the template: the shell's PWD names that folder.
+        return Path(os.environ.get("PWD", "."), config_file)
+    if os.environ.get("COOKIECUTTER_CONFIG"):
+        return Path(os.environ["COOKIECUTTER_CONFIG"])
+    rc = Path("~/.cookiecutterrc").expanduser()
+    return rc if rc.exists() else None
+
+
 def main() -> int:
     """Print each refused config value as cookiecutter users see errors; 1 if there is one."""
-    config_file, default = command_line_options(parent_argv())
-    # cookiecutter read a relative --config-file from the folder it was started in, before it
-    # moved into its copy of the template: the shell's PWD names that folder.
-    if config_file and not Path(config_file).is_absolute():
-        config_file = str(Path(os.environ.get("PWD", ".")) / config_file)
-        if not Path(config_file).is_file():
-            print(
-                f"ERROR: cannot find {config_file} to check it: give --config-file as an "
-                "absolute path",
-                file=sys.stderr,
-            )
-            return 1
-    config = get_user_config(config_file=config_file, default_config=default)
-    errors = load_rules().check_config(config.get("default_context") or {})  # type: ignore[attr-defined]
+    path = config_path(parent_argv())
+    if path is None:
+        return 0
+    if not path.is_file():
+        message = f"ERROR: cannot read {path} to check it (give --config-file as an absolute path)"
+        print(message, file=sys.stderr)
+        return 1
+    config = yaml.safe_load(path.read_text("utf-8"))
+    default_context = config.get("default_context") if isinstance(config, dict) else None
+    if not default_context:
+        return 0
+    errors = load_rules().check_config(default_context)  # type: ignore[attr-defined]
     for message in errors:
         print(f"ERROR: {message}", file=sys.stderr)
     return 1 if errors else 0
