@@ -33,11 +33,7 @@ demo: $(STAMP) ## Bake the default project into build/demo and run its example e
 	rm -rf $(DEMO)
 	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
 	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
-	@# Bake from a copy of the template's own files: cookiecutter copies the folder it bakes
-	@# from before asking (the pre-prompt hook), and .venv alone is gigabytes.
-	mkdir -p $(DEMO)/template
-	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C $(DEMO)/template
-	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) $(DEMO)/template
+	$(BIN)/cookiecutter --no-input --output-dir $(DEMO) .
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project prepare
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project train run.name=demo
 	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../../$(BIN)/python -m my_hpc_project evaluate --run demo

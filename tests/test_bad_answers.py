@@ -430,10 +430,6 @@ def test_config_file_answers_are_checked_before_rendering(
         "_project_owned": [],
         "__gpu_type": "A100\nid",
     }
-    # cruft never runs the pre-prompt hook: without EarlyRules (`_extensions: []`) it would
-    # render the payload; the extensions alone are refused by its pre-generation hook.
-    if engine == "cookiecutter":
-        bad["_extensions"] = []
     config = _config(tmp_path, bad)
     out, home = tmp_path / "out", tmp_path / "home"
     out.mkdir()
@@ -456,10 +452,15 @@ def test_config_file_answers_are_checked_before_rendering(
     assert list(out.iterdir()) == [], "a rejected answer left something behind"
 
 
-def test_cruft_refuses_a_config_that_removes_the_rules(template: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["cookiecutter", "cruft"])
+def test_a_config_that_removes_the_rules_is_refused(
+    engine: str, template: Path, tmp_path: Path
+) -> None:
+    """Without EarlyRules the pre-generation hook refuses the bake (nothing is written)."""
     config = _config(tmp_path, {"_extensions": []})
     out = tmp_path / "out"
-    args = [_tool("cruft"), "create", "--no-input", "--output-dir", str(out)]
+    args = [_tool("cookiecutter"), "--no-input", "-o", str(out)] if engine == "cookiecutter" else [
+        _tool("cruft"), "create", "--no-input", "--output-dir", str(out)]  # fmt: skip
     result = _run_engine([*args, "--config-file", str(config), str(template)], tmp_path)
     assert result.returncode != 0
     assert "ERROR: _extensions '[]': is the template's own setting" in result.stderr

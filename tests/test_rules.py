@@ -231,23 +231,6 @@ CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
 HOSTILE = "x{{ cycler.__init__.__globals__.os.popen('id').read() }}"
 
 
-def test_config_files_may_set_answers_only() -> None:
-    context = {
-        "description": HOSTILE,
-        "author_name": "Jane\u3164",
-        "license": ["MIT", "{% raw %}"],
-        "_extensions": [],
-        "_template_version": "9.9.9",
-        "__gpu_type": "{{ 7 }}",
-        "project_name": "Fine Name",
-        "nodes": 2,
-    }
-    messages = rules.check_config(context)
-    fields = [m.split(" ", 1)[0] for m in messages]
-    assert fields == ["description", "author_name", "license", "_extensions", "_template_version",
-                      "__gpu_type"]  # fmt: skip
-
-
 def test_values_differing_from_the_template_are_checked_before_rendering() -> None:
     context = {k: v for k, v in CC.items() if k != "__prompts__"}
     assert rules.check_given(context, CC) == []
