@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import keyword
+import re
+import sys
+import unicodedata
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -95,3 +100,168 @@ def test_messages_are_one_line_and_name_field_and_value() -> None:
     for field, value in [("memory", "lots"), ("project_slug", "class"), ("mail", "x@")]:
         message = rules.check(field, value, GRETE, PRESETS)
         assert "\n" not in message and message.startswith(f"{field} {value!r}:")
+
+
+# ----------------------------------------------------------- characters, choices, names
+
+_HIDDEN_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def test_invisible_characters_over_all_of_unicode() -> None:
+    """Every code point: hidden exactly when its category hides text, it cannot be encoded,
+    it is default-ignorable (Unicode's own property, read here through the regex package)
+    or it is a blank glyph; every other character of every category is allowed."""
+    import regex  # noqa: PLC0415 (the oracle of this test only)
+
+    ignorable = regex.compile(r"\p{Default_Ignorable_Code_Point}")
+    wrong, seen = [], Counter()
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        category = unicodedata.category(char)
+        expected = (
+            category in _HIDDEN_CATEGORIES
+            or bool(ignorable.match(char))
+            or code in rules.BLANK_GLYPHS
+        )
+        if rules.is_invisible(char) != expected:
+            wrong.append(f"U+{code:04X} {category}")
+        seen[category, expected] += 1
+    assert wrong == []
+    # whole categories: all surrogates and controls refused, letters and digits kept
+    for category in ("Cs", "Cc", "Zl", "Zp", "Cf"):
+        assert seen[category, False] == 0 and seen[category, True] > 0
+    for category in ("Lu", "Ll", "Nd", "Sm", "Pd"):
+        assert seen[category, True] == 0 and seen[category, False] > 0
+
+
+@pytest.mark.parametrize("blank", ["\u3164", "\u115f", "\u1160", "\uffa0", "\u2800", "\ud800"])
+def test_blank_and_unencodable_characters_are_refused_in_text(blank: str) -> None:
+    for field in ("author_name", "description", "project_name"):
+        message = rules.check(field, f"Jane{blank}", GRETE, PRESETS)
+        assert f"U+{ord(blank):04X}" in message
+    assert rules.check("author_name", blank, GRETE, PRESETS).startswith("author_name ")
+
+
+def test_choices_come_from_cookiecutter_json_and_name_the_allowed_values() -> None:
+    cc = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    lists = {k: tuple(v) for k, v in cc.items() if isinstance(v, list) and not k.startswith("_")}
+    assert lists == rules.CHOICES
+    answers = {**GRETE, "python_version": "3.11"}
+    for field, allowed in lists.items():
+        for value in allowed:
+            assert rules.check(field, value, answers, PRESETS) == "", (field, value)
+        message = rules.check(field, "nonexistent", answers, PRESETS)
+        assert message == f"{field} 'nonexistent': must be one of " + ", ".join(allowed)
+
+
+@pytest.mark.parametrize(
+    ("slug", "refused_in"),
+    [
+        ("distutils", {"3.10", "3.11"}),
+        ("imp", {"3.10", "3.11"}),
+        ("tomllib", {"3.11", "3.12", "3.13"}),
+        ("telnetlib", {"3.10", "3.11", "3.12"}),
+        ("type", {"3.12", "3.13"}),  # a soft keyword since 3.12
+        ("match", {"3.10", "3.11", "3.12", "3.13"}),
+        ("json", {"3.10", "3.11", "3.12", "3.13"}),
+    ],
+)
+def test_slug_names_are_those_of_the_projects_python(slug: str, refused_in: set[str]) -> None:
+    for version in rules.KEYWORDS:
+        message = rules.check("project_slug", slug, {**GRETE, "python_version": version}, PRESETS)
+        assert bool(message) == (version in refused_in), (version, message)
+
+
+def test_the_version_tables_agree_with_this_python() -> None:
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert rules.KEYWORDS[host] == {*keyword.kwlist, *keyword.softkwlist}
+    slug_shaped = {n for n in sys.stdlib_module_names if re.fullmatch("[a-z][a-z0-9_]*", n)}
+    in_table = {n for n in slug_shaped if rules.python_names(n, host)}
+    assert in_table == slug_shaped
+
+
+@pytest.mark.parametrize("name", ["con", "aux", "nul", "prn", "com1", "com9", "lpt1", "lpt9"])
+def test_windows_device_names_are_refused_as_slugs(name: str) -> None:
+    assert "device name on Windows" in rules.check("project_slug", name, GRETE, PRESETS)
+    for spelled in (name.upper(), name.title() + ".txt", f"{name}.tar.gz"):
+        assert rules._WINDOWS_DEVICE.fullmatch(spelled)
+    assert rules.check("project_slug", f"{name}_net", GRETE, PRESETS) == ""
+
+
+def test_an_emoji_only_name_is_reported_on_the_field_typed() -> None:
+    answers = {**GRETE, "project_name": "\U0001f680\U0001f525"}
+    for field, value in (("project_name", answers["project_name"]), ("project_slug", "")):
+        message = rules.check(field, value, answers, PRESETS)
+        assert message.startswith("project_name '") and "project_slug" in message
+
+
+# ------------------------------------------------------------------ resources
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "part"),
+    [
+        ("memory", "0G", "more than 0"),
+        ("memory", "0G/gpu", "more than 0"),
+        ("gpu_type", "H100", "grete (A100)"),  # an H100 type on an A100 partition
+        ("gpu_type", "99", "such as A100"),
+        ("account", "a" * 129, "at most 128"),
+        ("partition", "p" * 129, "at most 128"),
+        ("gpu_type", "A" * 129, "at most 128"),
+        ("mail", "m" * 120 + "@example.org", "at most 128"),
+        ("author_email", "a" * 250 + "@x.org", "at most 254"),
+    ],
+)
+def test_resource_answers_are_bounded(field: str, value: str, part: str) -> None:
+    message = rules.check(field, value, GRETE, PRESETS)
+    assert message.startswith(f"{field} ") and part in message
+
+
+def test_gpu_type_of_the_partition_passes() -> None:
+    assert rules.check("gpu_type", "A100", GRETE, PRESETS) == ""
+    h100 = {"cluster": "grete", "partition": "grete-h100"}
+    assert rules.check("gpu_type", "H100", h100, PRESETS) == ""
+    unknown = {"cluster": "grete", "partition": "mine"}  # not in the preset: any type
+    assert rules.check("gpu_type", "L40S", unknown, PRESETS) == ""
+
+
+# ------------------------------------------------------------------ routes (no engine)
+
+CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+HOSTILE = "x{{ cycler.__init__.__globals__.os.popen('id').read() }}"
+
+
+def test_values_differing_from_the_template_are_checked_before_rendering() -> None:
+    context = {k: v for k, v in CC.items() if k != "__prompts__"}
+    assert rules.check_given(context, CC) == []
+    tampered = {
+        **context,
+        "description": HOSTILE,
+        "_project_owned": [],
+        "_presets": {},
+        "__mem_per_node": "{{ 1 }}",
+        "project_name": ["a"],
+        "nodes": 2,
+    }
+    fields = [m.split(" ", 1)[0].rstrip(":") for m in rules.check_given(tampered, CC)]
+    assert fields == ["_presets", "_project_owned", "project_name", "description",
+                      "__mem_per_node"]  # fmt: skip
+
+
+def test_replayed_options_are_refused() -> None:
+    answers = {
+        "project_name": "P",
+        "project_slug": "p_net",
+        "_extensions": CC["_extensions"],
+        "_template": "x",
+        "_copy_without_render": ["*"],
+        "_template_version": "9.9.9",
+    }
+    messages = rules.check_rendered(answers, CC)
+    assert [m.split(" ", 1)[0] for m in messages] == ["_template_version", "_copy_without_render"]
+
+
+def test_template_options_list_is_complete() -> None:
+    options = [k for k in CC if k.startswith("_") and not k.startswith("__")]
+    assert sorted(options) == sorted(rules.TEMPLATE_OPTIONS)
+    assert CC["_extensions"] == rules.EXTENSIONS

@@ -11,6 +11,12 @@ extra, plus the tools its scripts install) through the distributions installed i
 environment, collects the top-level modules each one installs, and writes them into the
 generated block of ``hooks/pre_gen_project.py`` (the hook cannot import a sibling file).
 
+It also writes the tables that make the rules the same on every host: the choices of each
+choice question (from cookiecutter.json), the keywords and standard-library modules of each
+Python version the project may use (from the ``stdlib-list`` package and the facts below,
+checked against the Python running this tool), and the Unicode Default_Ignorable_Code_Point
+set as ranges (from the ``regex`` package: ``unicodedata`` lacks that property).
+
 Run it in the template's .venv (``make sync`` does); ``--check`` exits 1 when the block is
 stale, and names a dependency that is not installed here instead of silently dropping it.
 """
@@ -21,6 +27,7 @@ import argparse
 import hashlib
 import importlib.metadata as md
 import json
+import keyword
 import re
 import sys
 from pathlib import Path
@@ -28,6 +35,15 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+# The hard keywords have not changed since Python 3.7; the soft ones have (`type` in 3.12).
+# The entry of the Python running this tool is checked against its keyword module.
+SOFT_KEYWORDS = {
+    "3.10": ("_", "case", "match"),
+    "3.11": ("_", "case", "match"),
+    "3.12": ("_", "case", "match", "type"),
+    "3.13": ("_", "case", "match", "type"),
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "{{cookiecutter.project_slug}}"
@@ -128,6 +144,75 @@ def project_folders() -> list[str]:
     return sorted(p.name for p in TEMPLATE.iterdir() if p.is_dir() and _MODULE.fullmatch(p.name))
 
 
+def choices(cc: dict) -> dict[str, list[str]]:
+    """The allowed values of every choice question (a list in cookiecutter.json)."""
+    return {k: v for k, v in cc.items() if not k.startswith("_") and isinstance(v, list)}
+
+
+def keywords(versions: list[str]) -> dict[str, list[str]]:
+    """Python version -> its keywords, hard and soft (the host's entry checked)."""
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if host in SOFT_KEYWORDS and tuple(keyword.softkwlist) != SOFT_KEYWORDS[host]:
+        sys.exit(f"error: SOFT_KEYWORDS[{host!r}] differs from this Python's {keyword.softkwlist}")
+    missing = [v for v in versions if v not in SOFT_KEYWORDS]
+    if missing:
+        sys.exit(f"error: no keyword facts for Python {missing} (add them to SOFT_KEYWORDS)")
+    return {v: sorted({*keyword.kwlist, *SOFT_KEYWORDS[v]}) for v in versions}
+
+
+def stdlib_modules(versions: list[str]) -> dict[str, list[str]]:
+    """Python version -> the top-level standard-library modules a slug could name."""
+    from stdlib_list import stdlib_list  # noqa: PLC0415 (a tool of this script only)
+
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found = {}
+    for version in versions:
+        names = {n.split(".", 1)[0] for n in stdlib_list(version)}
+        if version == host:
+            names |= set(sys.stdlib_module_names)
+        found[version] = sorted(n for n in names if _MODULE.fullmatch(n))
+    return found
+
+
+def default_ignorable_ranges() -> list[tuple[int, int]]:
+    """The Default_Ignorable_Code_Point set as inclusive (first, last) ranges."""
+    import regex  # noqa: PLC0415 (a tool of this script only)
+
+    pattern = regex.compile(r"\p{Default_Ignorable_Code_Point}")
+    ranges: list[tuple[int, int]] = []
+    for code in range(sys.maxunicode + 1):
+        if pattern.match(chr(code)):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1] = (ranges[-1][0], code)
+            else:
+                ranges.append((code, code))
+    return ranges
+
+
+def _stdlib_lines(by_version: dict[str, list[str]]) -> list[str]:
+    """The standard-library table: names of every version, then version-specific ones."""
+    every = sorted(set.intersection(*(set(v) for v in by_version.values())))
+    some = sorted(set.union(*(set(v) for v in by_version.values())) - set(every))
+    lines = ["STDLIB_EVERY_VERSION = frozenset({\n"]
+    lines += _wrapped([f'"{n}",' for n in every])
+    lines += ["})\n", "STDLIB_SOME_VERSIONS: dict[str, frozenset[str]] = {\n"]
+    for name in some:
+        versions = ", ".join(f'"{v}"' for v, names in by_version.items() if name in names)
+        lines.append(f'    "{name}": frozenset({{{versions}}}),\n')
+    return [*lines, "}\n"]
+
+
+def _wrapped(words: list[str], width: int = 96) -> list[str]:
+    """Words joined into indented lines of at most ``width`` characters."""
+    lines, line = [], "   "
+    for word in words:
+        if len(line) + 1 + len(word) > width:
+            lines.append(line + "\n")
+            line = "   "
+        line += " " + word
+    return [*lines, line + "\n"] if line.strip() else lines
+
+
 def fingerprint(presets: dict) -> str:
     """SHA-256 of the presets in a canonical JSON form (the hook computes the same)."""
     canonical = json.dumps(presets, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
@@ -136,12 +221,22 @@ def fingerprint(presets: dict) -> str:
 
 def block() -> str:
     """The generated block of the hook."""
-    presets = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_presets"]
-    lines = [BEGIN, f'PRESETS_SHA256 = "{fingerprint(presets)}"\n', "# fmt: off\n"]
+    cc = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
+    lines = [BEGIN, f'PRESETS_SHA256 = "{fingerprint(cc["_presets"])}"\n', "# fmt: off\n"]
     lines += ["INSTALLED_MODULES: dict[str, str] = {\n"]
     lines += [f'    "{m}": "{d}",\n' for m, d in forbidden().items()]
     lines += ["}\n", "PROJECT_FOLDERS = (\n"]
     lines += [f'    "{f}",\n' for f in project_folders()]
+    lines += [")\n", "CHOICES: dict[str, tuple[str, ...]] = {\n"]
+    lines += [f"    {k!r}: {tuple(v)!r},\n".replace("'", '"') for k, v in choices(cc).items()]
+    versions = sorted(cc["python_version"], key=lambda v: tuple(map(int, v.split("."))))
+    lines += ["}\n", "KEYWORDS: dict[str, frozenset[str]] = {\n"]
+    for version, words in keywords(versions).items():
+        lines += [f'    "{version}": frozenset({{\n', *_wrapped([f'"{w}",' for w in words])]
+        lines += ["    }),\n"]
+    lines += ["}\n", *_stdlib_lines(stdlib_modules(versions))]
+    lines += ["DEFAULT_IGNORABLE = (\n"]
+    lines += _wrapped([f"(0x{a:04X}, 0x{b:04X})," for a, b in default_ignorable_ranges()])
     lines += [")\n", "# fmt: on\n", END]
     return "".join(lines)
 

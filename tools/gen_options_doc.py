@@ -212,7 +212,9 @@ answers on the command line to skip the prompts, e.g.
 or `copier copy --trust --data cluster=generic <template> my_project`.
 
 A rejected answer stops the engine before anything is written, with one line naming the
-field, the value and the rule (copier asks again instead). Limits that depend on the
+field, the value and the rule; asked interactively, every engine asks again instead. The
+rules hold for answers from any route: the command line, a cookiecutter config or rc file,
+a replay file, copier's `--data-file` or an edited answers file. Limits that depend on the
 cluster (GPUs per node, maximum time) come from the partition you chose, as declared in
 its preset; a partition the preset does not declare is checked for its syntax only.
 

@@ -141,7 +141,7 @@ def copier_text(cookiecutter: dict[str, Any], rules: Any) -> str:
             question["default"] = raw[0]
         else:
             question["default"] = _copier_default(str(raw))
-        if name in rules.RULES or name in rules.CONTEXT_RULES:
+        if name in rules.RULES or name in rules.CONTEXT_RULES or name in rules.CHOICES:
             question["validator"] = f"{{{{ {name} | hpc_check('{name}') }}}}"
         body[name] = question
     # The cookiecutter.* namespace that the template files use, computed, never asked:
