@@ -12,7 +12,7 @@ every batch is loaded with torch, `random` and numpy seeded from (seed, epoch, i
 index), so random augmentation in workers is the same on every start and a resume is exact.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -165,6 +165,25 @@ class EpochSampler(Sampler[tuple[int, int]]):
         return len(self._order()) - self.skip
 
 
+def stop_workers(iterator: object) -> None:
+    """End a DataLoader iterator's worker processes now, whoever still holds the iterator.
+
+    Workers ignore SIGTERM (see `ignore_stop_signals`), so multiprocessing's exit handler,
+    which terminates and joins them, would wait forever for workers whose iterator a traceback
+    keeps alive. The iterator's own shutdown (what its `__del__` runs: a done event, then a
+    join) is called here explicitly; a worker still busy after that (stuck in task code) is
+    killed. Without workers, or on a torch without this method, there is nothing to do.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    shutdown()
+    for worker in getattr(iterator, "_workers", []):
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
 def make_loader(
     dataset: Dataset,
     sampler: EpochSampler,
@@ -223,6 +242,7 @@ class LoaderBatches:
             prefetch_factor=prefetch_factor,
             persistent=True,
         )
+        self.live: Iterator[Batch] | None = None  # the loader's iterator, owner of the workers
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -236,14 +256,14 @@ class LoaderBatches:
         """Batches of the current epoch, beginning with batch number `start`."""
         assert self.loader is not None, "iterate() after close()"
         self.sampler.skip = start * self.batch_size
-        for batch in self.loader:
+        self.live = iter(self.loader)  # persistent: the same iterator (and workers) each epoch
+        for batch in self.live:
             yield to_device(batch, self.device)
 
     def close(self) -> None:
-        """Shut the worker processes down now (they would otherwise outlive training)."""
-        # The persistent iterator owns the workers; dropping the last reference to the
-        # loader runs its shutdown (join, then terminate) at once under CPython.
-        self.loader = None
+        """Shut the worker processes down now, also after an error (see `stop_workers`)."""
+        stop_workers(self.live)
+        self.live = self.loader = None
 
 
 def eval_batches(
@@ -255,7 +275,7 @@ def eval_batches(
     device: torch.device,
     num_workers: int,
     prefetch_factor: int,
-) -> Iterator[Batch]:
+) -> Generator[Batch]:
     """Every sample exactly once across ranks (rank r takes r, r + world, ...), in order."""
     if isinstance(dataset, TensorDataset):  # slices, no per-sample calls
         idx = torch.arange(denv.rank, size(dataset), denv.world_size)
@@ -271,10 +291,16 @@ def eval_batches(
         device=device,
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
-        persistent=False,  # an exhausted or dropped iterator ends its workers
+        persistent=False,
     )
-    for batch in loader:
-        yield to_device(batch, device)
+    # Close this generator (`contextlib.closing`) when its consumer fails: the finally
+    # block ends the workers at once, not when the traceback is dropped (see `stop_workers`).
+    iterator = iter(loader)
+    try:
+        for batch in iterator:
+            yield to_device(batch, device)
+    finally:
+        stop_workers(iterator)
 
 
 def make_train_batches(

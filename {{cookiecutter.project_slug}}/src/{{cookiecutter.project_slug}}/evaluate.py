@@ -1,6 +1,7 @@
 """Evaluation: the task's sums over a split, and the `evaluate` command (test split)."""
 
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,13 @@ def split_sums(
         num_workers=workers,
         prefetch_factor=cfg.data.prefetch_factor,
     )
-    for raw in batches:
-        batch = to_device(raw, device, cfg.model.channels_last)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            part = task.evaluate(model, batch)
-        for key, value in part.items():
-            sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    with closing(batches):  # an error in `task.evaluate` ends the workers at once
+        for raw in batches:
+            batch = to_device(raw, device, cfg.model.channels_last)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                part = task.evaluate(model, batch)
+            for key, value in part.items():
+                sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
     model.train()
     return distributed.sum_tensors(sums, denv, device)
 
