@@ -6,7 +6,7 @@ overrides, e.g. `train train.epochs=3 run.name=try1`.
 Exit codes: 0 done, 1 error (one line on stderr, also for a file or folder that cannot be
 read or written; an unexpected exception, e.g. in task code or a DataLoader worker, prints its
 traceback first), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
-signal, requeue me.
+signal (USR1, TERM or a first Ctrl-C), requeue me, 130 interrupted (a second Ctrl-C).
 """
 
 import argparse
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C during `train`, or one outside it
+        print("error: interrupted; nothing was saved since the last checkpoint", file=sys.stderr)
+        return 130  # the shell's code for a process ended by SIGINT
     except Exception as err:  # a bug in task code, a bad sample: the traceback, then one line
         traceback.print_exc()
         print(f"error: {crash_line(err, dict(os.environ))}", file=sys.stderr, flush=True)

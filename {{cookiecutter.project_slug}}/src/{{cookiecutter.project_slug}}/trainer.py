@@ -33,7 +33,13 @@ from .errors import CheckpointError, ConfigError, DataError
 from .evaluate import split_sums
 from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
-from .preemption import EXIT_DIVERGED, EXIT_REQUEUE, StopRequest, catch_stop_signals
+from .preemption import (
+    EXIT_DIVERGED,
+    EXIT_REQUEUE,
+    StopRequest,
+    catch_stop_signals,
+    stop_message,
+)
 from .runtime import (
     autocast_dtype,
     configure_backends,
@@ -609,7 +615,7 @@ class Trainer:
                 "(lower train.lr, or raise train.nonfinite_patience)"
             )
         elif outcome == "stop":
-            self.say(self.stop_message(stop))
+            self.say(stop_message(stop.signal_name, self.pos.step, self.name))
         elif outcome == "segment":
             self.say(f"segment done at step {self.pos.step}; the next start resumes")
         elif resumed and segment_steps == 0:
@@ -632,17 +638,6 @@ class Trainer:
             self.report(summary)
         code = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED}.get(outcome, 0)
         return Result(code, self.run_dir, summary)
-
-    def stop_message(self, stop: StopRequest) -> str:
-        """What follows a stop: the job script requeues after USR1 and after a preemption."""
-        name = stop.signal_name or "on another rank"
-        done = f"stop signal ({name}): checkpoint at step {self.pos.step} written, exit"
-        if stop.signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
-            return (
-                f"{done} {EXIT_REQUEUE}; the job script requeues a preempted job, not a "
-                f"cancelled one: start run.name={self.name} again to resume that"
-            )
-        return f"{done} {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
