@@ -16,7 +16,7 @@ from .distributed import DistEnv
 from .errors import CheckpointError
 from .runtime import autocast_dtype, pick_device
 from .settings import Settings
-from .task import Task, load_task
+from .task import Task, load_task, own_collate, set_mode
 
 
 @torch.no_grad()
@@ -37,7 +37,7 @@ def split_sums(
     model: DDP's forward would sync buffers, and ranks may see different numbers of batches.
     """
     cfg = task.cfg
-    model.eval()
+    set_mode(task, model, training=False)
     sums: dict[str, torch.Tensor] = {}
     batches = eval_batches(
         dataset,
@@ -47,6 +47,7 @@ def split_sums(
         device=device,
         num_workers=workers,
         prefetch_factor=cfg.data.prefetch_factor,
+        collate=own_collate(task),
     )
     with closing(batches):  # an error in `task.evaluate` ends the workers at once
         for raw in batches:
@@ -55,7 +56,7 @@ def split_sums(
                 part = task.evaluate(model, batch)
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
-    model.train()
+    set_mode(task, model, training=True)
     return distributed.sum_tensors(sums, denv, device)
 
 

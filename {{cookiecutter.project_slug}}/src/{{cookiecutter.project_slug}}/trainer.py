@@ -25,11 +25,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, names, provenance
+from . import checkpoint, distributed, names, optim, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import stage
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import ConfigError, DataError
 from .evaluate import split_sums
 from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
@@ -50,7 +50,7 @@ from .runtime import (
     seed_everything,
 )
 from .settings import Settings, get_settings
-from .task import Batch, Datasets, Task, load_task
+from .task import Batch, Datasets, Task, load_task, own_collate
 
 
 @dataclass
@@ -87,16 +87,6 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
     if env.get("SLURM_JOB_ID"):
         return env["SLURM_JOB_ID"]
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")  # local time on purpose
-
-
-def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Linear warmup over `warmup` steps, then constant or cosine decay to zero at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -231,10 +221,11 @@ class Trainer:
         self.run_dir = settings.runs_dir / self.name
         self.ckpt_dir = self.run_dir / "checkpoints"
 
+        collate = own_collate(task)
         for split in ("train", "val"):
-            check_first_sample(datasets.get(split), f"task {task.name}: {split} data set")
+            check_first_sample(datasets.get(split), f"task {task.name}: {split} data set", collate)
         train_set = datasets.train
-        self.in_memory = _in_memory(cfg, task.name, train_set, device)
+        self.in_memory = collate is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
         self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
@@ -265,19 +256,9 @@ class Trainer:
             )
         if cfg.model.compile:
             self.model = torch.compile(self.model)
-        self.optimizer = torch.optim.AdamW(
-            task.param_groups(self.net), lr=cfg.train.lr, fused=device.type == "cuda"
-        )  # fused: one kernel for all parameters instead of many
+        self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            partial(
-                lr_factor,
-                warmup=cfg.train.warmup_steps,
-                total=self.total_steps,
-                schedule=cfg.train.schedule,
-            ),
-        )
+        self.scheduler = task.schedule(self.optimizer, self.total_steps)
         self.dtype = autocast_dtype(cfg.train.precision, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
@@ -305,6 +286,7 @@ class Trainer:
             device=device,
             num_workers=self.workers,
             prefetch_factor=cfg.data.prefetch_factor,
+            collate=collate,
         )
 
     def __enter__(self) -> "Trainer":
@@ -349,7 +331,8 @@ class Trainer:
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
-        self.load_optimizer(state)
+        optim.restore(self.optimizer, self.scheduler, state, self.name)
+        self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
         self.tracker_saved = state.get("tracker")
         self.saved_step = self.pos.step
@@ -362,30 +345,6 @@ class Trainer:
             f"(epoch {self.pos.epoch}, batch {self.pos.batch})"
         )
         return True
-
-    def load_optimizer(self, state: dict[str, Any]) -> None:
-        """Optimizer, schedule and scaler state from `state`, with this config's lr and decay.
-
-        The saved state carries the learning rate and weight decay of the first segment; the
-        values the task's parameter groups got from this configuration replace them, so a
-        changed `train.lr` or `train.weight_decay` applies from the resumed step on.
-        """
-        fresh = [(g["initial_lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
-            raise CheckpointError(
-                f"run {self.name}'s checkpoint: the optimizer state does not fit ({err}); "
-                "were the task's parameter groups changed? use another run.name"
-            ) from None
-        self.scaler.load_state_dict(state["scaler"])
-        self.scheduler.base_lrs = [lr for lr, _ in fresh]
-        for group, (lr, decay), factor in zip(
-            self.optimizer.param_groups, fresh, self.scheduler.lr_lambdas, strict=True
-        ):
-            group["initial_lr"], group["weight_decay"] = lr, decay
-            group["lr"] = lr * factor(self.scheduler.last_epoch)
 
     def restore_order(self, state: dict[str, Any]) -> None:
         """The random state and position within the epoch after the checkpoint's step.
@@ -648,6 +607,7 @@ class Trainer:
             self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
+            self.task.on_mode(self.net, True)
             micro, tick = 0, time.perf_counter()
             for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
