@@ -267,6 +267,7 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
         (["task.name=toy_tasks.broken", "task.fault=structure"], 1, "item 0[0] is builtins.str"),
         (["task.name=toy_tasks.broken", "task.fault=loss"], 1, "loss() must return a scalar"),
         (["task.name=toy_tasks.broken", "task.fault=empty"], 1, "val data set has no samples"),
+        (["task.name=toy_tasks.broken", "task.fault=stream"], 1, "train data set is a stream"),
         (["task.name=toy_tasks.blobs", "data.in_memory=yes", "task.samples=dicts"], 2, "TensorD"),
     ],
     ids=[
@@ -279,6 +280,7 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
         "structure",
         "loss",
         "empty",
+        "stream",
         "in-memory",
     ],
 )

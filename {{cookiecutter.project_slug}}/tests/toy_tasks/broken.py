@@ -27,6 +27,13 @@ class Named(torch.utils.data.Dataset):
         return f"sample {i}", 0
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """Samples that come one after the other, without a length (a stream)."""
+
+    def __iter__(self) -> Any:
+        return iter([(torch.zeros(16), 0)] * 10)
+
+
 class Faulty(NoisyDicts):
     """Dict samples; all but sample 0 raise (`getitem`), or odd ones have an extra feature."""
 
@@ -45,7 +52,7 @@ class Faulty(NoisyDicts):
 
 @dataclass
 class Options(BlobsOptions):
-    # structure | loss | empty | getitem | collate | raise_loss | raise_evaluate
+    # structure | loss | empty | stream | getitem | collate | raise_loss | raise_evaluate
     fault: str = "structure"
     fault_rank: int = -1  # the only rank with the fault; -1: every rank
 
@@ -61,6 +68,8 @@ class Broken(Blobs):
         sets = super().datasets(data_dir)
         if self.options.fault == "structure":
             sets.train = Named()
+        if self.options.fault == "stream":
+            sets.train = Stream()
         if self.options.fault == "empty":
             sets.val = torch.utils.data.TensorDataset(torch.zeros(0, 16), torch.zeros(0))
         if self.options.fault in ("getitem", "collate") and self.here():
