@@ -1,6 +1,7 @@
 """What may change between segments of a run, what is refused, and what is said about it."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,20 @@ def test_changed_parameter_groups_are_one_line(project: Path) -> None:
     train(*args, "run.max_steps_this_segment=2")
     with pytest.raises(CheckpointError, match="parameter groups changed"):
         train(*args, first_lr=0.01)
+
+
+def test_a_resume_on_changed_processed_data_is_one_line(project: Path) -> None:
+    data = pkg("data")
+    args = ["run.name=data", "train.batch_size=32", "train.epochs=1"]
+    task = blobs(*FAST, *args, "run.max_steps_this_segment=2")
+    data.prepare(task)  # nothing prepared, but a SHA256SUMS (of no files) all the same
+    trainer.train(task.cfg, task)
+    record = json.loads((project / "runs" / "data" / "provenance.jsonl").read_text())
+    assert record["processed_sha256"] == data.processed_digest(task.processed_dir)
+    (task.processed_dir / "split.pt").write_bytes(b"another split")  # prepare ran again
+    data.write_digests(task.processed_dir)
+    with pytest.raises(pkg("errors").DataError, match="trained on other processed data"):
+        train(*args)
 
 
 def test_changed_model_under_the_same_run_name_is_one_line(project: Path) -> None:

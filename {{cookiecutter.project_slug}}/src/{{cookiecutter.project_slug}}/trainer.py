@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, distributed, names, optim, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
-from .data import stage
+from .data import check_same_data, processed_digest, stage
 from .errors import ConfigError, DataError
 from .evaluate import split_sums
 from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
@@ -221,11 +221,13 @@ class Trainer:
         self.run_dir = settings.runs_dir / self.name
         self.ckpt_dir = self.run_dir / "checkpoints"
 
-        collate = own_collate(task)
         for split in ("train", "val"):
-            check_first_sample(datasets.get(split), f"task {task.name}: {split} data set", collate)
+            check_first_sample(
+                datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
+            )
         train_set = datasets.train
-        self.in_memory = collate is None and _in_memory(cfg, task.name, train_set, device)
+        # A task's own collate makes every batch: never the in-memory path, which has none.
+        self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
         self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
@@ -242,6 +244,7 @@ class Trainer:
                 f"(one of {list(task.metrics)})"
             )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
+        self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         self.net = task.build_model().to(device)
@@ -286,7 +289,7 @@ class Trainer:
             device=device,
             num_workers=self.workers,
             prefetch_factor=cfg.data.prefetch_factor,
-            collate=collate,
+            collate=own_collate(task),
         )
 
     def __enter__(self) -> "Trainer":
@@ -330,6 +333,7 @@ class Trainer:
                 f"task.name: run {self.name} was trained with task "
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
+        check_same_data(state.get("data"), self.data_digest, self.name, self.task.processed_dir)
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
         optim.restore(self.optimizer, self.scheduler, state, self.name)
         self.scaler.load_state_dict(state["scaler"])
@@ -410,6 +414,7 @@ class Trainer:
                 "world_size": self.denv.world_size,
                 "batch_size": self.cfg.train.batch_size,
                 "config": to_dict(self.cfg),
+                "data": self.data_digest,
                 "best": self.best,
                 "seconds": self.run_seconds(),
                 "tracker": self.metrics.tracker_state() if self.metrics else None,
@@ -535,7 +540,9 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
-            provenance.record(self.run_dir, self.settings.project_root, os.environ)
+            provenance.record(
+                self.run_dir, self.settings.project_root, os.environ, self.data_digest
+            )
             fields = metric_fields(self.task.metrics, self.lr_names)
             self.metrics = MetricsLog(
                 self.run_dir,
