@@ -124,6 +124,14 @@ def test_shipped_tasks_learn(example_project: Path) -> None:
     data.prepare(load("regression"))
     result = trainer.train(load("regression", "run.name=reg", "train.epochs=10").cfg)
     assert result.summary["val_r2"] > 0.9  # a constant guess has R² = 0
+    task = load("regression")
+    task.datasets(task.processed_dir)
+    std = task.target_std
+    assert not torch.allclose(std, torch.ones(2))  # pixels, not standardised units
+    unit_errors = {"sse": torch.ones(2), "count": torch.tensor(1.0)}
+    sums = {**unit_errors, "target_sum": torch.zeros(2), "target_sq_sum": torch.ones(2)}
+    # An error of one standard deviation in each output is one std in pixels.
+    assert task.summarize(sums)["rmse"] == pytest.approx(float((std**2).mean() ** 0.5))
     assert "val_accuracy" not in result.summary
     assert not list((example_project / "reports").rglob("confusion*"))
 
