@@ -127,7 +127,7 @@ def test_shipped_tasks_learn(example_project: Path) -> None:
     task = load("regression")
     task.datasets(task.processed_dir)
     std = task.target_std
-    assert not torch.allclose(std, torch.ones(2))  # pixels, not standardised units
+    assert not torch.allclose(std, torch.ones(2, dtype=std.dtype))  # pixels, not std. units
     unit_errors = {"sse": torch.ones(2), "count": torch.tensor(1.0)}
     sums = {**unit_errors, "target_sum": torch.zeros(2), "target_sq_sum": torch.ones(2)}
     # An error of one standard deviation in each output is one std in pixels.
