@@ -117,3 +117,20 @@ def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     checkpoint.save_atomic(state, path)
     result = pkg("evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
     assert result["accuracy"] > 0.5
+
+
+def test_metrics_rows_are_the_runs_not_the_segments(project: Path) -> None:
+    args = ["train.batch_size=32", "train.epochs=2", "run.log_every_steps=5"]
+    train(*args, "run.name=cut", "run.max_steps_this_segment=7")  # stops mid-window
+    train(*args, "run.name=cut")
+    train(*args, "run.name=straight")
+
+    def rows(run: str) -> list[dict[str, str]]:
+        with (project / "runs" / run / "metrics.csv").open() as f:
+            return [r for r in csv.DictReader(f) if r["phase"] == "train"]
+
+    cut, straight = rows("cut"), rows("straight")
+    # The row after the resume averages steps 6-10, as the uninterrupted run's does.
+    assert [(r["step"], r["loss"]) for r in cut] == [(r["step"], r["loss"]) for r in straight]
+    elapsed = [float(r["elapsed_s"]) for r in cut]
+    assert elapsed == sorted(elapsed)  # the run's time: it does not restart with a segment

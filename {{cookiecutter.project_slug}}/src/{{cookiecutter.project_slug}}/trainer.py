@@ -319,6 +319,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
+        self.window: list[Any] = [torch.zeros((), device=self.device), 0]  # see _loop
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier()
@@ -360,6 +361,8 @@ class Trainer:
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
+            if saved := state["rng"][self.denv.rank].get("loss_window"):
+                self.window = [saved[0].to(self.device), saved[1]]
         else:  # keep the position within the epoch, not the exact sample order
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
@@ -402,7 +405,9 @@ class Trainer:
         if not self.weights_finite():
             return False
         start = time.perf_counter()
-        rngs = distributed.gather_objects(rng_state(self.device))
+        # Each process's random state, and its part of the next train row's mean loss.
+        window = [self.window[0].cpu(), self.window[1]]
+        rngs = distributed.gather_objects({**rng_state(self.device), "loss_window": window})
         if self.denv.is_main:
             state = {
                 "model": self.net.state_dict(),
@@ -485,7 +490,7 @@ class Trainer:
                 epoch=self.pos.epoch,
                 phase="val",
                 **self.last_val,
-                elapsed_s=round(time.perf_counter() - self.timers.start, 3),
+                elapsed_s=round(self.run_seconds()["wall"], 3),  # the whole run's, all segments
             )
 
     def keep_best(self) -> None:
@@ -608,7 +613,7 @@ class Trainer:
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
-        loss_sum, loss_count = torch.zeros((), device=self.device), 0
+        window = self.window  # [loss sum, steps] since the last train row, across segments
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.task.on_epoch_start(self.net, self.pos.epoch)
@@ -619,8 +624,8 @@ class Trainer:
             for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
-                loss_sum += self.forward_backward(batch, sync=micro == self.accum)
-                loss_count += 1
+                window[0] += self.forward_backward(batch, sync=micro == self.accum)
+                window[1] += 1
                 if micro < self.accum:
                     tick = self.timers.add("compute", tick)
                     continue
@@ -632,15 +637,15 @@ class Trainer:
                 if log_now:  # wait for the GPU here only, so the time lands in "compute"
                     tick = self.timers.synchronized("compute", tick, self.device)
                     stats = {
-                        "loss": self.mean_loss(loss_sum, loss_count),
+                        "loss": self.mean_loss(*window),
                         "lr": self.optimizer.param_groups[0]["lr"],
                         **self.named_lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
                     if self.grad_norm is not None:
                         stats["grad_norm"] = self.grad_norm.item()
-                    loss_sum.zero_()
-                    loss_count, seen, clock = 0, self.pos.samples, tick
+                    window[0].zero_()
+                    window[1], seen, clock = 0, self.pos.samples, tick
                     self.log_train(stats)
                     if self.diverged(stats["loss"]):
                         return "diverged", segment_steps
@@ -687,7 +692,7 @@ class Trainer:
                 step=self.pos.step,
                 epoch=self.pos.epoch,
                 phase="train",
-                elapsed_s=round(time.perf_counter() - self.timers.start, 3),
+                elapsed_s=round(self.run_seconds()["wall"], 3),  # the whole run's, all segments
                 **stats,
             )
 
