@@ -2,9 +2,10 @@
 
 The task below is written here, not shipped: it reads sensor readings from a CSV file and
 regresses a float target. Like research code written in a hurry, its methods have no
-docstrings: the project's lint asks none of a task module, so it passes the commit hook. Nothing but its module and its config file is added to the project
-(and the user's data with its manifest); the loop, the scripts and the project's own tests stay
-as generated, and the project's suite must stay green.
+docstrings: the project's lint asks none of a task module, so it passes the commit hook.
+Nothing but its module and its config file is added to the project (and the user's data with
+its manifest); the loop, the scripts and the project's own tests stay as generated, and the
+project's suite must stay green.
 """
 
 from __future__ import annotations
