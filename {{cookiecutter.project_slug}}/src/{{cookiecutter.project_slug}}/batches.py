@@ -361,7 +361,7 @@ def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = N
     """One clear line when a data set is empty or its first samples cannot be batched.
 
     Torch's collate needs tensors or numbers in every sample; a task's own `collate` may take
-    anything, and what it returns is checked instead.
+    and return anything (what is not a tensor stays on the host).
     """
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise DataError(
@@ -375,11 +375,10 @@ def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = N
     if collate is None:
         check_structure(first[0], f"{where} item 0")
     try:
-        batch = (collate or default_collate)(first)
+        (collate or default_collate)(first)
     except Exception as err:  # torch's message names the problem; one line is enough here
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         hint = "pad them in the task's collate()" if collate is None else "see its collate()"
         raise DataError(
             f"{where}: items 0-{len(first) - 1} cannot be batched ({message}); {hint}"
         ) from None
-    check_structure(batch, f"{where} batch of items 0-{len(first) - 1}")

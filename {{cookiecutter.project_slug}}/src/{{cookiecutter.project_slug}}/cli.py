@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C during `train`, or one outside it
-        print("error: interrupted; nothing was saved since the last checkpoint", file=sys.stderr)
+        print(
+            "error: interrupted by Ctrl-C (train: nothing saved after the last checkpoint)",
+            file=sys.stderr,
+        )
         return 130  # the shell's code for a process ended by SIGINT
     except Exception as err:  # a bug in task code, a bad sample: the traceback, then one line
         traceback.print_exc()

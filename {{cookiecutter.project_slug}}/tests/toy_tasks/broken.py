@@ -2,7 +2,8 @@
 
 The crash faults raise in a DataLoader worker (`getitem`, `collate`: samples of unequal shape)
 or in the main process (`raise_loss`, `raise_evaluate`); `task.fault_rank` limits them to one
-process. Sample 0 stays good: the trainer's first-sample check reads it in the main process.
+process. Samples 0 and 1 stay good: the trainer's first-sample check batches them in the main
+process.
 """
 
 import os
@@ -35,7 +36,7 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 class Faulty(NoisyDicts):
-    """Dict samples; all but sample 0 raise (`getitem`), or odd ones have an extra feature."""
+    """Dict samples from 2 on raise (`getitem`), or odd ones from 3 on have an extra feature."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, fault: str) -> None:
         super().__init__(x, y, noise=0.0)
@@ -43,7 +44,7 @@ class Faulty(NoisyDicts):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         sample = super().__getitem__(i)
-        if i == 0:
+        if i < 2:
             return sample
         if self.fault == "getitem":
             raise ValueError(f"sample {i} is unreadable")
