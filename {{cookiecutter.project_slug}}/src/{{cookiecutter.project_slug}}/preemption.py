@@ -50,15 +50,16 @@ class StopRequest:
 
 def stop_message(signal_name: str | None, step: int, run: str) -> str:
     """What follows a stop: the job script requeues after USR1 and after a preemption."""
-    done = f"stop signal ({signal_name or 'on another rank'}): checkpoint at step {step} written"
+    name = signal_name or "on another rank"
+    done = f"stop signal ({name}): checkpoint at step {step} written, exit {EXIT_REQUEUE}"
     if signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
         return (
-            f"{done}, exit {EXIT_REQUEUE}; the job script requeues a preempted job, not a "
-            f"cancelled one: start run.name={run} again to resume that"
+            f"{done}; the job script requeues a preempted job, not a cancelled one: "
+            f"start run.name={run} again to resume that"
         )
     if signal_name == "SIGINT":
-        return f"{done}, exit {EXIT_REQUEUE}; start run.name={run} again to resume"
-    return f"{done}, exit {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
+        return f"{done}; start run.name={run} again to resume"
+    return f"{done} (the job script requeues; the next start resumes)"
 
 
 @contextmanager
