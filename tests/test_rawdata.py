@@ -71,6 +71,8 @@ DATA_PATHS = (
     "data/processed/digits/splits.pt",
     "data/external/lexicon.txt",
     "data/.raw-cache.json",
+    "data/processed/.digits.sha256-cache.json",
+    "weights/backbone.pt",
     "data/raw.manifest.tsv",
     "data/README.md",
     "data/raw/.gitkeep",

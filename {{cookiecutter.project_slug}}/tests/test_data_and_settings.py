@@ -83,6 +83,9 @@ def test_staging_copies_once_and_refuses_changed_files(
     with pytest.raises(pkg("errors").DataError, match="changed after prepare"):
         data.stage(source, cfg, local_rank=0)
     off = config.load_config(None, ["data.stage_to_node_tmp=false"])
+    with pytest.raises(pkg("errors").DataError, match="changed after prepare"):
+        data.stage(source, off, local_rank=0)  # read in place: checked all the same
+    data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
     assert data.stage(source, off, local_rank=0) == source
 
 

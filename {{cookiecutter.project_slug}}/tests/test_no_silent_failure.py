@@ -1,8 +1,9 @@
-"""Failures say so: a diverged loss, a busy run directory, repeated stop signals."""
+"""Failures say so: a crash in task code or a worker, a diverged loss, a busy run, stop signals."""
 
 import csv
 import errno
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PACKAGE, blobs, cli_env, pkg
+from conftest import PACKAGE, blobs, cli_env, pkg, run_cli
 
 trainer = pkg("trainer")
 checkpoint = pkg("checkpoint")
@@ -20,6 +21,71 @@ preemption = pkg("preemption")
 ConfigError = pkg("errors").ConfigError
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
+# A faulty task on the DataLoader path (dict samples), small enough to fail within seconds.
+CRASH = [*FAST, "task.name=toy_tasks.broken", "task.samples=dicts", "task.n=200", "run.name=c"]
+CAUSES = {
+    "getitem": "ValueError: sample",
+    "collate": "RuntimeError: stack expects each tensor to be equal size",
+    "raise_loss": "FaultError: loss() failed",
+    "raise_evaluate": "FaultError: evaluate() failed",
+}
+
+
+def last_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The final stderr line of a run that must have failed with exit 1."""
+    assert out.returncode == 1, out.stderr[-3000:]
+    return out.stderr.rstrip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fault", list(CAUSES))
+def test_an_error_in_a_worker_or_in_task_code_ends_the_process_with_its_cause(
+    project: Path, fault: str, workers: int
+) -> None:
+    # Workers ignore SIGTERM: unless they are shut down explicitly, the process hung in
+    # multiprocessing's exit handler. The timeout only keeps a regression from hanging CI.
+    out = run_cli(
+        "train",
+        *CRASH,
+        f"task.fault={fault}",
+        f"data.num_workers={workers}",
+        project=project,
+        timeout=180,
+    )
+    line = last_line(out)
+    assert line.startswith("error: ") and CAUSES[fault] in line, line
+    in_worker = workers > 0 and fault in ("getitem", "collate")
+    assert ("(in DataLoader worker process" in line) == in_worker, line
+
+
+@pytest.mark.parametrize("fault", ["getitem", "raise_loss", "raise_evaluate"])
+def test_workers_end_with_the_error_even_while_its_traceback_is_kept(
+    project: Path, fault: str
+) -> None:
+    # A caller that keeps the exception (a notebook, pytest here) keeps the loader's iterator
+    # alive through the traceback: the trainer must have ended the workers itself.
+    before = set(multiprocessing.active_children())
+    args = [*CRASH, f"task.fault={fault}", "data.num_workers=2"]
+    cfg = pkg("config").load_config(None, args)
+    with pytest.raises(Exception, match=r"sample|failed") as caught:
+        trainer.train(cfg, pkg("task").load_task(cfg, pkg("settings").get_settings()))
+    assert caught.tb is not None
+    assert set(multiprocessing.active_children()) <= before
+
+
+def test_an_error_on_one_rank_ends_every_rank(project: Path) -> None:
+    out = run_cli(
+        "train",
+        *CRASH,
+        "task.fault=getitem",
+        "task.fault_rank=1",
+        "data.num_workers=2",
+        project=project,
+        torchrun=2,
+        timeout=240,
+    )
+    assert out.returncode != 0
+    assert "error: rank 1: ValueError: sample" in out.stderr, out.stderr[-3000:]
 
 
 def test_a_diverged_loss_stops_with_its_own_code_and_keeps_finite_checkpoints(

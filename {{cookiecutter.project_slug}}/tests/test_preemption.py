@@ -90,3 +90,25 @@ def test_sigterm_to_the_whole_group_spares_dataloader_workers(project: Path) -> 
     assert "Traceback" not in output
     state = checkpoint.load_latest(project / "runs" / "term" / "checkpoints")
     assert state["position"]["step"] >= 10
+
+
+def test_ctrl_c_checkpoints_like_the_other_stop_signals(project: Path) -> None:
+    proc = start(project, "run.name=int", "data.in_memory=no", "data.num_workers=2")
+    # A terminal sends Ctrl-C to its whole foreground process group, workers included.
+    output = signal_after(proc, "step 10/", signal.SIGINT, group=True)
+    assert proc.returncode == EXIT_REQUEUE, output
+    assert "Ctrl-C: checkpoint at the next step, then exit" in output
+    assert "stop signal (SIGINT)" in output
+    assert "start run.name=int again to resume" in output
+    assert "Traceback" not in output
+    state = checkpoint.load_latest(project / "runs" / "int" / "checkpoints")
+    assert state["position"]["step"] >= 10
+
+
+def test_a_second_ctrl_c_interrupts_at_once() -> None:
+    with pkg("preemption").catch_stop_signals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # the first only asks for a checkpoint
+        assert stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is not stop.handle  # Ctrl-C works as before

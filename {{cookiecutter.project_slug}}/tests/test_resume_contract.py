@@ -1,6 +1,7 @@
 """What may change between segments of a run, what is refused, and what is said about it."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,20 @@ def test_changed_parameter_groups_are_one_line(project: Path) -> None:
         train(*args, first_lr=0.01)
 
 
+def test_a_resume_on_changed_processed_data_is_one_line(project: Path) -> None:
+    data = pkg("data")
+    args = ["run.name=data", "train.batch_size=32", "train.epochs=1"]
+    task = blobs(*FAST, *args, "run.max_steps_this_segment=2")
+    data.prepare(task)  # nothing prepared, but a SHA256SUMS (of no files) all the same
+    trainer.train(task.cfg, task)
+    record = json.loads((project / "runs" / "data" / "provenance.jsonl").read_text())
+    assert record["processed_sha256"] == data.processed_digest(task.processed_dir)
+    (task.processed_dir / "split.pt").write_bytes(b"another split")  # prepare ran again
+    data.write_digests(task.processed_dir)
+    with pytest.raises(pkg("errors").DataError, match="trained on other processed data"):
+        train(*args)
+
+
 def test_changed_model_under_the_same_run_name_is_one_line(project: Path) -> None:
     args = ["run.name=model", "train.batch_size=32", "train.epochs=1"]
     train(*args, "model.hidden=32", "run.max_steps_this_segment=2")
@@ -102,3 +117,20 @@ def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     checkpoint.save_atomic(state, path)
     result = pkg("evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
     assert result["accuracy"] > 0.5
+
+
+def test_metrics_rows_are_the_runs_not_the_segments(project: Path) -> None:
+    args = ["train.batch_size=32", "train.epochs=2", "run.log_every_steps=5"]
+    train(*args, "run.name=cut", "run.max_steps_this_segment=7")  # stops mid-window
+    train(*args, "run.name=cut")
+    train(*args, "run.name=straight")
+
+    def rows(run: str) -> list[dict[str, str]]:
+        with (project / "runs" / run / "metrics.csv").open() as f:
+            return [r for r in csv.DictReader(f) if r["phase"] == "train"]
+
+    cut, straight = rows("cut"), rows("straight")
+    # The row after the resume averages steps 6-10, as the uninterrupted run's does.
+    assert [(r["step"], r["loss"]) for r in cut] == [(r["step"], r["loss"]) for r in straight]
+    elapsed = [float(r["elapsed_s"]) for r in cut]
+    assert elapsed == sorted(elapsed)  # the run's time: it does not restart with a segment

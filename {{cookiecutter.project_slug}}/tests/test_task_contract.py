@@ -1,14 +1,13 @@
 """Every task in src/<package>/tasks/ keeps the contract the trainer relies on.
 
 A task is checked once its processed data is there (after `prepare`), on a few samples of
-the project's real data: samples that can be batched, a scalar finite loss, evaluation sums
-that add up over batches (so they add up over processes too), the declared metrics, and the
-same initial weights on every process.
+the project's real data: samples that can be batched (by the task's `collate`), a scalar
+finite loss, evaluation sums that add up over batches (so they add up over processes too),
+the declared metrics, and the same initial weights on every process.
 """
 
 import pytest
 import torch
-from torch.utils.data import default_collate
 
 from conftest import ROOT, pkg
 
@@ -34,14 +33,15 @@ def task(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     return configured(request.param)
 
 
-def batch_of(dataset: torch.utils.data.Dataset, indices: range) -> object:
-    return default_collate([dataset[i] for i in indices])
+def batch_of(task, dataset: torch.utils.data.Dataset, indices: range) -> object:
+    return task.collate([dataset[i] for i in indices])
 
 
 def test_samples_can_be_batched(task) -> None:
     sets = task.datasets(task.processed_dir)
     for split in ("train", "val", "test"):
-        batches.check_first_sample(sets.get(split), f"task {task.name}: {split} data set")
+        where = f"task {task.name}: {split} data set"
+        batches.check_first_sample(sets.get(split), where, task_mod.own_collate(task))
 
 
 def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
@@ -50,10 +50,11 @@ def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
     torch.manual_seed(0)
     model = task.build_model().eval()
     with torch.no_grad():
-        loss = task.loss(model, batch_of(sets.val, range(n)))
-        whole = task.evaluate(model, batch_of(sets.val, range(n)))
+        loss = task.loss(model, batch_of(task, sets.val, range(n)))
+        whole = task.evaluate(model, batch_of(task, sets.val, range(n)))
         halves = [
-            task.evaluate(model, batch_of(sets.val, r)) for r in (range(n // 2), range(n // 2, n))
+            task.evaluate(model, batch_of(task, sets.val, r))
+            for r in (range(n // 2), range(n // 2, n))
         ]
     assert loss.dim() == 0, "loss() must return the batch mean, a scalar"
     assert torch.isfinite(loss)

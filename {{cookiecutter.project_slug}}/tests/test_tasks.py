@@ -124,6 +124,14 @@ def test_shipped_tasks_learn(example_project: Path) -> None:
     data.prepare(load("regression"))
     result = trainer.train(load("regression", "run.name=reg", "train.epochs=10").cfg)
     assert result.summary["val_r2"] > 0.9  # a constant guess has R² = 0
+    task = load("regression")
+    task.datasets(task.processed_dir)
+    std = task.target_std
+    assert not torch.allclose(std, torch.ones(2, dtype=std.dtype))  # pixels, not std. units
+    unit_errors = {"sse": torch.ones(2), "count": torch.tensor(1.0)}
+    sums = {**unit_errors, "target_sum": torch.zeros(2), "target_sq_sum": torch.ones(2)}
+    # An error of one standard deviation in each output is one std in pixels.
+    assert task.summarize(sums)["rmse"] == pytest.approx(float((std**2).mean() ** 0.5))
     assert "val_accuracy" not in result.summary
     assert not list((example_project / "reports").rglob("confusion*"))
 
@@ -154,7 +162,7 @@ def test_images_prepare_packs_the_files_into_shards(example_project: Path) -> No
         pytest.skip("the images example is not part of this project (any more)")
     task = load("images", "task.shard_mb=0.05")
     line = data.prepare(task)
-    assert "1797 images of 10 classes" in line
+    assert "1797 images of 10 classes" in line and "(grey)" in line
     shards = sorted(p.name for p in task.processed_dir.glob("train-*.bin"))
     assert len(shards) > 1  # 0.05 MB shards: the training split needs several
     rendered = example_project / "data" / "interim" / "digit_pngs"
@@ -170,6 +178,27 @@ def test_images_prepare_packs_the_files_into_shards(example_project: Path) -> No
     later = [image for image, _ in loader.__getitems__([(4, 5), (4, 9)])]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0], later[0])
+
+
+def test_images_keep_their_colour(example_project: Path) -> None:
+    if not example_task("images"):
+        pytest.skip("the images example is not part of this project (any more)")
+    from PIL import Image  # noqa: PLC0415  (only with the images example)
+
+    folder = example_project / "data" / "raw" / "colours"
+    for name, rgb in {"red": (200, 10, 10), "blue": (10, 10, 200)}.items():
+        (folder / name).mkdir(parents=True)
+        for i in range(10):
+            Image.new("RGB", (8, 8), rgb).save(folder / name / f"{i}.png")
+    task = load("images", f"task.image_dir={folder}", "task.image_size=8", "task.augment=false")
+    assert "20 images of 2 classes in 3 shards (RGB)" in data.prepare(task)
+    sets = task.datasets(task.processed_dir)
+    image, label = sets.train[0]
+    assert image.shape == (3, 8, 8)
+    red, blue = (200 / 255, 10 / 255, 10 / 255), (10 / 255, 10 / 255, 200 / 255)
+    expected = red if task.classes[int(label)] == "red" else blue
+    assert image[:, 0, 0].tolist() == pytest.approx(expected)
+    assert task.build_model()(image[None]).shape == (1, 2)
 
 
 def test_prepare_refuses_float_labels_for_a_classification_task(example_project: Path) -> None:
@@ -267,6 +296,7 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
         (["task.name=toy_tasks.broken", "task.fault=structure"], 1, "item 0[0] is builtins.str"),
         (["task.name=toy_tasks.broken", "task.fault=loss"], 1, "loss() must return a scalar"),
         (["task.name=toy_tasks.broken", "task.fault=empty"], 1, "val data set has no samples"),
+        (["task.name=toy_tasks.broken", "task.fault=stream"], 1, "train data set is a stream"),
         (["task.name=toy_tasks.blobs", "data.in_memory=yes", "task.samples=dicts"], 2, "TensorD"),
     ],
     ids=[
@@ -279,6 +309,7 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
         "structure",
         "loss",
         "empty",
+        "stream",
         "in-memory",
     ],
 )

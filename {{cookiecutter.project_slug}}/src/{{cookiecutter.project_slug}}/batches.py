@@ -10,18 +10,30 @@ collation and host-to-device copies, which dominate the step time of small model
 DataLoader path takes any map-style data set; its sampler hands out (epoch, index) pairs, and
 every batch is loaded with torch, `random` and numpy seeded from (seed, epoch, its first
 index), so random augmentation in workers is the same on every start and a resume is exact.
+A task's own `collate` makes the batches of the DataLoader path (training and evaluation);
+a data set's own `__getitems__` (one call for a whole batch) is used when it has one.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    TensorDataset,
+    default_collate,
+)
 
 from .distributed import DistEnv
 from .errors import DataError
 from .preemption import ignore_stop_signals
 from .task import Batch, batch_seed, check_structure, seeded_batch
+
+Collate = Callable[[list[Any]], Batch]
+"""A task's own `collate`; None stands for torch's `default_collate`."""
 
 
 def rank_order(
@@ -123,13 +135,21 @@ class SeededSamples(Dataset):
         """Samples in the wrapped data set."""
         return size(self.dataset)
 
+    def load(self, indices: list[int]) -> list[Any]:
+        """The samples at `indices`: one `__getitems__` call where the data set has one."""
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is not None:
+            return list(many(indices))
+        return [self.dataset[index] for index in indices]
+
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         """The samples of one batch, as they are drawn in its epoch."""
+        indices = [index for _, index in keys]
         if not self.draws:
-            return [self.dataset[index] for _, index in keys]
+            return self.load(indices)
         epoch, first = keys[0]
         with seeded_batch(batch_seed(self.seed, epoch, first)):
-            return [self.dataset[index] for _, index in keys]
+            return self.load(indices)
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         """One sample, drawn as the first of a batch."""
@@ -165,6 +185,25 @@ class EpochSampler(Sampler[tuple[int, int]]):
         return len(self._order()) - self.skip
 
 
+def stop_workers(iterator: object) -> None:
+    """End a DataLoader iterator's worker processes now, whoever still holds the iterator.
+
+    Workers ignore SIGTERM (see `ignore_stop_signals`), so multiprocessing's exit handler,
+    which terminates and joins them, would wait forever for workers whose iterator a traceback
+    keeps alive. The iterator's own shutdown (what its `__del__` runs: a done event, then a
+    join) is called here explicitly; a worker still busy after that (stuck in task code) is
+    killed. Without workers, or on a torch without this method, there is nothing to do.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    shutdown()
+    for worker in getattr(iterator, "_workers", []):
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
 def make_loader(
     dataset: Dataset,
     sampler: EpochSampler,
@@ -175,12 +214,14 @@ def make_loader(
     num_workers: int,
     prefetch_factor: int,
     persistent: bool,
+    collate: Collate | None,
 ) -> DataLoader:
     """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses)."""
     return DataLoader(
         SeededSamples(dataset, seed),
         batch_size=batch_size,
         sampler=sampler,
+        collate_fn=collate or default_collate,
         drop_last=sampler.train,
         num_workers=num_workers,
         pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
@@ -209,6 +250,7 @@ class LoaderBatches:
         device: torch.device,
         num_workers: int,
         prefetch_factor: int,
+        collate: Collate | None,
     ) -> None:
         """Build the loader once."""
         self.sampler = EpochSampler(size(dataset), seed=seed, denv=denv, train=True)
@@ -222,7 +264,9 @@ class LoaderBatches:
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             persistent=True,
+            collate=collate,
         )
+        self.live: Iterator[Batch] | None = None  # the loader's iterator, owner of the workers
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -236,14 +280,14 @@ class LoaderBatches:
         """Batches of the current epoch, beginning with batch number `start`."""
         assert self.loader is not None, "iterate() after close()"
         self.sampler.skip = start * self.batch_size
-        for batch in self.loader:
+        self.live = iter(self.loader)  # persistent: the same iterator (and workers) each epoch
+        for batch in self.live:
             yield to_device(batch, self.device)
 
     def close(self) -> None:
-        """Shut the worker processes down now (they would otherwise outlive training)."""
-        # The persistent iterator owns the workers; dropping the last reference to the
-        # loader runs its shutdown (join, then terminate) at once under CPython.
-        self.loader = None
+        """Shut the worker processes down now, also after an error (see `stop_workers`)."""
+        stop_workers(self.live)
+        self.live = self.loader = None
 
 
 def eval_batches(
@@ -255,9 +299,10 @@ def eval_batches(
     device: torch.device,
     num_workers: int,
     prefetch_factor: int,
-) -> Iterator[Batch]:
+    collate: Collate | None,
+) -> Generator[Batch]:
     """Every sample exactly once across ranks (rank r takes r, r + world, ...), in order."""
-    if isinstance(dataset, TensorDataset):  # slices, no per-sample calls
+    if isinstance(dataset, TensorDataset) and collate is None:  # slices, no per-sample calls
         idx = torch.arange(denv.rank, size(dataset), denv.world_size)
         for chunk in idx.split(batch_size):
             yield to_device(tuple(t[chunk] for t in dataset.tensors), device)
@@ -271,10 +316,17 @@ def eval_batches(
         device=device,
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
-        persistent=False,  # an exhausted or dropped iterator ends its workers
+        persistent=False,
+        collate=collate,
     )
-    for batch in loader:
-        yield to_device(batch, device)
+    # Close this generator (`contextlib.closing`) when its consumer fails: the finally
+    # block ends the workers at once, not when the traceback is dropped (see `stop_workers`).
+    iterator = iter(loader)
+    try:
+        for batch in iterator:
+            yield to_device(batch, device)
+    finally:
+        stop_workers(iterator)
 
 
 def make_train_batches(
@@ -287,6 +339,7 @@ def make_train_batches(
     device: torch.device,
     num_workers: int,
     prefetch_factor: int,
+    collate: Collate | None = None,
 ) -> InMemoryBatches | LoaderBatches:
     """The fast in-memory path (TensorDataset only) or the DataLoader path."""
     if in_memory:
@@ -300,11 +353,32 @@ def make_train_batches(
         device=device,
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
+        collate=collate,
     )
 
 
-def check_first_sample(dataset: Dataset, where: str) -> None:
-    """One clear line when a data set is empty or its samples cannot be batched."""
+def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = None) -> None:
+    """One clear line when a data set is empty or its first samples cannot be batched.
+
+    Torch's collate needs tensors or numbers in every sample; a task's own `collate` may take
+    and return anything (what is not a tensor stays on the host).
+    """
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise DataError(
+            f"{where} is a stream ({type(dataset).__name__}), not a map-style data set with "
+            "__len__ and __getitem__: write the stream into shards in prepare() (see 'Streams' "
+            "in docs/bring-your-own-task.md)"
+        )
     if size(dataset) == 0:
         raise DataError(f"{where} has no samples")
-    check_structure(dataset[0], f"{where} item 0")
+    first = [dataset[i] for i in range(min(2, size(dataset)))]
+    if collate is None:
+        check_structure(first[0], f"{where} item 0")
+    try:
+        (collate or default_collate)(first)
+    except Exception as err:  # torch's message names the problem; one line is enough here
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        hint = "pad them in the task's collate()" if collate is None else "see its collate()"
+        raise DataError(
+            f"{where}: items 0-{len(first) - 1} cannot be batched ({message}); {hint}"
+        ) from None

@@ -4,19 +4,21 @@ Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` 
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
 overrides, e.g. `train train.epochs=3 run.name=try1`.
 Exit codes: 0 done, 1 error (one line on stderr, also for a file or folder that cannot be
-read or written), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
-signal, requeue me.
+read or written; an unexpected exception, e.g. in task code or a DataLoader worker, prints its
+traceback first), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
+signal (USR1, TERM or a first Ctrl-C), requeue me, 130 interrupted (a second Ctrl-C).
 """
 
 import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from . import __version__, rawdata
 from .config import Config, field_types, load_config
-from .errors import ConfigError, DataError, ProjectError
+from .errors import ConfigError, DataError, ProjectError, crash_line
 from .manifest import RawDataError
 from .names import check_given, check_run_name
 from .settings import Settings, get_settings
@@ -173,4 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a path that cannot be read or written: one line, not a traceback
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C during `train`, or one outside it
+        print(
+            "error: interrupted by Ctrl-C (train: nothing saved after the last checkpoint)",
+            file=sys.stderr,
+        )
+        return 130  # the shell's code for a process ended by SIGINT
+    except Exception as err:  # a bug in task code, a bad sample: the traceback, then one line
+        traceback.print_exc()
+        print(f"error: {crash_line(err, dict(os.environ))}", file=sys.stderr, flush=True)
         return 1

@@ -7,7 +7,11 @@ a failed or interrupted `prepare` leaves the previous processed data untouched.
 Inside a job, `stage` copies that folder once per node to node-local disk (named by the
 environment variable `data.node_tmp_var`): parallel file systems are slow for many small reads
 from many GPUs, node-local disks are fast. The copy is checked against `SHA256SUMS`, so a stale
-or damaged copy is never used.
+or damaged copy is never used. Data read in place is checked too, with the sums cached by
+file metadata (as for the raw data), so a repeated start reads no data to check it.
+
+A run records `processed_digest`, the SHA-256 of `SHA256SUMS`, in its checkpoints: a resume
+on processed data that `prepare` has changed since (another split, other files) is refused.
 """
 
 import hashlib
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from .config import Config
 from .errors import DataError
+from .hashcache import HashCache
 from .task import Task
 
 DIGESTS = "SHA256SUMS"
@@ -50,6 +55,46 @@ def read_digests(folder: Path) -> dict[str, str]:
     return {name: digest for digest, name in pairs}
 
 
+def processed_digest(folder: Path) -> str | None:
+    """SHA-256 of `folder/SHA256SUMS`: one value for all processed files; None without it."""
+    try:
+        return hashlib.sha256((folder / DIGESTS).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def check_same_data(saved: str | None, now: str | None, run: str, folder: Path) -> None:
+    """Refuse a resume on processed data other than the run's (None saved: not recorded)."""
+    if saved is None or saved == now:
+        return
+    now_text = f"is {now[:12]}" if now else "is missing"
+    raise DataError(
+        f"run {run} was trained on other processed data: {folder / DIGESTS} {now_text}, "
+        f"the checkpoint's is {saved[:12]} (prepare ran again since); prepare the data as "
+        "it was, or start a new run.name"
+    )
+
+
+def verify(folder: Path) -> None:
+    """Check every file listed in `folder/SHA256SUMS`; sums are cached by file metadata."""
+    cache = HashCache(folder.with_name(f".{folder.name}.sha256-cache.json"), folder)
+    for name, digest in read_digests(folder).items():
+        path = folder / name
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            missing = f"{path} is missing ({folder / DIGESTS} lists it): run prepare again"
+            raise DataError(missing) from None
+        actual = cache.get(name, st) or _sha256(path)
+        if actual != digest:
+            raise DataError(
+                f"{path} does not match {folder / DIGESTS}: it changed after prepare; "
+                "run prepare again"
+            )
+        cache.put(name, st, actual)
+    cache.save()
+
+
 def prepare(task: Task) -> str:
     """Run the task's `prepare` and swap the result in as `task.processed_dir`."""
     target = task.processed_dir
@@ -73,18 +118,21 @@ def prepare(task: Task) -> str:
 def stage(folder: Path, cfg: Config, local_rank: int) -> Path:
     """Inside a job, the node-local copy of `folder` (made by local rank 0); else `folder`.
 
-    The caller runs a barrier before the other ranks read the copy.
+    Either is checked against `SHA256SUMS` by local rank 0. The caller runs a barrier before
+    the other ranks read the data.
     """
     node_tmp = os.environ.get(cfg.data.node_tmp_var, "")
-    if not cfg.data.stage_to_node_tmp or not folder.is_dir():
+    if not folder.is_dir():
         return folder
-    if not node_tmp or not Path(node_tmp).is_dir():
-        if local_rank == 0 and os.environ.get("SLURM_JOB_ID"):
+    if not cfg.data.stage_to_node_tmp or not node_tmp or not Path(node_tmp).is_dir():
+        if local_rank == 0 and cfg.data.stage_to_node_tmp and os.environ.get("SLURM_JOB_ID"):
             print(
                 f"note: ${cfg.data.node_tmp_var} is not a folder here: reading {folder} from "
                 "the shared file system (slower); set data.node_tmp_var to stage it",
                 file=sys.stderr,
             )
+        if local_rank == 0:
+            verify(folder)
         return folder
     target = Path(node_tmp) / "processed" / folder.name
     if local_rank == 0:

@@ -19,3 +19,23 @@ class DataError(ProjectError):
 
 class CheckpointError(ProjectError):
     """No usable checkpoint where one is required."""
+
+
+def crash_line(err: BaseException, env: dict[str, str]) -> str:
+    """One line for an unexpected error: its type, message and where it happened.
+
+    An error raised in a DataLoader worker arrives as a multi-line message ("Caught X in
+    DataLoader worker process N", then the worker's traceback); its last line is the cause.
+    Under several processes the line names this process's rank.
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    cause = f"{type(err).__name__}: {lines[0] if lines else '(no message)'}"
+    if lines and lines[0].startswith("Caught ") and "Original Traceback" in str(err):
+        worker = lines[0].removeprefix("Caught ").split(" in ", 1)[-1].rstrip(".")
+        cause = f"{lines[-1]} (in {worker})"
+    rank, world = (
+        (env.get("RANK"), env.get("WORLD_SIZE"))
+        if "RANK" in env
+        else (env.get("SLURM_PROCID"), env.get("SLURM_NTASKS"))
+    )
+    return f"rank {rank}: {cause}" if rank is not None and world not in (None, "1") else cause

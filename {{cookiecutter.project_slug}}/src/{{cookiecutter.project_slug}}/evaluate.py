@@ -1,6 +1,7 @@
 """Evaluation: the task's sums over a split, and the `evaluate` command (test split)."""
 
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from .distributed import DistEnv
 from .errors import CheckpointError
 from .runtime import autocast_dtype, pick_device
 from .settings import Settings
-from .task import Task, load_task
+from .task import Task, load_task, own_collate, set_mode
 
 
 @torch.no_grad()
@@ -36,7 +37,7 @@ def split_sums(
     model: DDP's forward would sync buffers, and ranks may see different numbers of batches.
     """
     cfg = task.cfg
-    model.eval()
+    set_mode(task, model, training=False)
     sums: dict[str, torch.Tensor] = {}
     batches = eval_batches(
         dataset,
@@ -46,14 +47,16 @@ def split_sums(
         device=device,
         num_workers=workers,
         prefetch_factor=cfg.data.prefetch_factor,
+        collate=own_collate(task),
     )
-    for raw in batches:
-        batch = to_device(raw, device, cfg.model.channels_last)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            part = task.evaluate(model, batch)
-        for key, value in part.items():
-            sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
-    model.train()
+    with closing(batches):  # an error in `task.evaluate` ends the workers at once
+        for raw in batches:
+            batch = to_device(raw, device, cfg.model.channels_last)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                part = task.evaluate(model, batch)
+            for key, value in part.items():
+                sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    set_mode(task, model, training=True)
     return distributed.sum_tensors(sums, denv, device)
 
 

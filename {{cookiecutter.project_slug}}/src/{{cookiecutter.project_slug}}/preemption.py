@@ -5,8 +5,13 @@ preempts or cancels a job. Saving inside a signal handler can catch the model mi
 deadlocks collective calls, so the handler records the request and the training loop, once all
 ranks agree, writes a checkpoint and exits with EXIT_REQUEUE. The job script sees that code and
 requeues the job; the next start resumes from the checkpoint.
+
+Ctrl-C (SIGINT) is a stop signal too: the first one checkpoints at the next step boundary, as
+USR1 does, instead of losing the work since the last checkpoint; a second one stops at once
+(KeyboardInterrupt), without a new checkpoint.
 """
 
+import os
 import signal
 import types
 from collections.abc import Iterator
@@ -18,7 +23,7 @@ EXIT_REQUEUE = 3
 EXIT_DIVERGED = 4
 """Exit code of `train` meaning: the loss or weights became NaN/inf; last finite checkpoint kept."""
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
@@ -34,8 +39,27 @@ class StopRequest:
         return self.signal_name is not None
 
     def handle(self, signum: int, _frame: types.FrameType | None) -> None:
-        """Signal handler: set the flag, nothing else."""
+        """Signal handler: set the flag; a repeated Ctrl-C interrupts at once."""
+        if signum == signal.SIGINT:
+            if self.signal_name == "SIGINT":
+                raise KeyboardInterrupt
+            # os.write: print() inside a handler can hit stdout mid-write (reentrant call).
+            os.write(2, b"\nCtrl-C: checkpoint at the next step, then exit; Ctrl-C again: now\n")
         self.signal_name = signal.Signals(signum).name
+
+
+def stop_message(signal_name: str | None, step: int, run: str) -> str:
+    """What follows a stop: the job script requeues after USR1 and after a preemption."""
+    name = signal_name or "on another rank"
+    done = f"stop signal ({name}): checkpoint at step {step} written, exit {EXIT_REQUEUE}"
+    if signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
+        return (
+            f"{done}; the job script requeues a preempted job, not a cancelled one: "
+            f"start run.name={run} again to resume that"
+        )
+    if signal_name == "SIGINT":
+        return f"{done}; start run.name={run} again to resume"
+    return f"{done} (the job script requeues; the next start resumes)"
 
 
 @contextmanager
@@ -44,7 +68,8 @@ def catch_stop_signals() -> Iterator[StopRequest]:
 
     Once a stop signal arrived they are not restored: Slurm repeats its signals, and a second
     one arriving between the checkpoint and the exit would otherwise kill the process with
-    the default action, hiding the exit code the job script requeues on.
+    the default action, hiding the exit code the job script requeues on. Ctrl-C is the
+    exception: Slurm does not repeat it, and one pressed again should still interrupt.
     """
     request = StopRequest()
     previous = {sig: signal.signal(sig, request.handle) for sig in STOP_SIGNALS}
@@ -52,14 +77,15 @@ def catch_stop_signals() -> Iterator[StopRequest]:
         yield request
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_IGN if request.requested else handler)
+            keep = request.requested and sig != signal.SIGINT
+            signal.signal(sig, signal.SIG_IGN if keep else handler)
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:
-    """DataLoader `worker_init_fn`: workers leave stop signals (and Ctrl-C) to the main process.
+    """DataLoader `worker_init_fn`: workers leave stop signals (Ctrl-C too) to the main process.
 
     Slurm signals every process of a job step; a worker killed by SIGTERM would make the main
     process fail on its next batch before it could write the checkpoint.
     """
-    for sig in (*STOP_SIGNALS, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

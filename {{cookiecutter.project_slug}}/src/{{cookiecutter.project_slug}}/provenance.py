@@ -2,7 +2,8 @@
 
 Each start of a run (the first and every resumed segment) appends one JSON line to
 `runs/<run>/provenance.jsonl`: the git commit and whether the working tree had uncommitted
-changes, the SHA-256 of the raw-data manifest (the data freeze), the Slurm job, array task,
+changes, the SHA-256 of the raw-data manifest (the data freeze) and of the processed data's
+`SHA256SUMS` (what `prepare` made of it), the Slurm job, array task,
 restart and nodes, and the versions of Python and the key packages. A result can then be
 traced to code and data even when a requeued segment ran other code than the first one.
 Rank 0 writes it; nothing here may stop a run (a missing git or manifest is recorded as null).
@@ -75,12 +76,18 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def record(run_dir: Path, project_root: Path, env: Mapping[str, str]) -> dict[str, Any]:
-    """Append this start's provenance to `run_dir/provenance.jsonl`; return the record."""
+def record(
+    run_dir: Path, project_root: Path, env: Mapping[str, str], processed: str | None = None
+) -> dict[str, Any]:
+    """Append this start's provenance to `run_dir/provenance.jsonl`; return the record.
+
+    `processed` is the SHA-256 of the processed data's `SHA256SUMS` (None: no prepared data).
+    """
     entry = {
         "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         **code_state(project_root),
         "raw_manifest_sha256": file_digest(project_root / MANIFEST_PATH),
+        "processed_sha256": processed,
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},
         "host": platform.node(),
         "versions": versions(),

@@ -12,6 +12,11 @@ name with a dot is a full module path (`mylab.tasks.segmentation`). The module n
 in `TASK = MyTask`. Task-specific settings are the fields of the class's `Options` dataclass,
 set in the `[task]` section of the config and on the command line (`task.freeze_epochs=2`).
 
+Optional hooks, each with the default behaviour when not overridden: `collate` (how samples
+become a batch: padding variable-length samples), `optimizer` and `schedule` (AdamW with
+warmup and a cosine or constant schedule), `on_mode` (submodule modes after the trainer's
+`train()`/`eval()`, e.g. a frozen backbone's BatchNorm kept in eval mode).
+
 The one rule for random data augmentation: draw random numbers inside a data set's
 `__getitem__` from torch, `random` or numpy (or from `sample_generator()`), never from a
 generator object created elsewhere. Before it loads a batch, the loader seeds those three from
@@ -26,7 +31,7 @@ import importlib
 import random
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +40,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
+from . import optim
 from .config import Config, field_types
 from .errors import ConfigError, DataError
 from .settings import Settings
@@ -66,9 +72,11 @@ class NoOptions:
 class Task(ABC):
     """Base class of every task: override the abstract methods, and others where needed.
 
-    The trainer calls, in this order: `datasets`, `build_model`, `param_groups`, then per epoch
-    `on_epoch_start` and per batch `loss`; for validation and `evaluate`, `evaluate` per batch,
-    then `summarize` and `figures` on the sums added over all batches and processes.
+    The trainer calls, in this order: `datasets`, `build_model`, `optimizer` (which calls
+    `param_groups`), `schedule`, then per epoch `on_epoch_start`, `on_mode` and per batch
+    `loss`; for validation and `evaluate`, `on_mode`, `evaluate` per batch, then `summarize`
+    and `figures` on the sums added over all batches and processes. `collate` turns the
+    samples of every batch into the batch the other methods get.
     """
 
     Options: ClassVar[type] = NoOptions
@@ -112,6 +120,15 @@ class Task(ABC):
         goes through DataLoader workers.
         """
 
+    def collate(self, samples: list[Any]) -> Batch:
+        """Samples -> one batch (in DataLoader workers). Default: torch's `default_collate`.
+
+        Override it for samples that do not stack, e.g. to pad variable-length sequences to
+        the longest of the batch and return a mask. A task that overrides it is always fed
+        through the DataLoader (not from in-memory tensors), so every batch passes here.
+        """
+        return default_collate(samples)
+
     # --- model and optimisation -----------------------------------------------------------
     @abstractmethod
     def build_model(self) -> nn.Module:
@@ -131,6 +148,25 @@ class Task(ABC):
             {"params": rest, "weight_decay": 0.0},
         ]
 
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer over `param_groups(model)`. Default: AdamW with `train.lr`.
+
+        Any `torch.optim.Optimizer` works (SGD with momentum, Adafactor, an 8-bit optimizer);
+        its state is checkpointed and resumed with it.
+        """
+        return optim.adamw(self.param_groups(model), self.cfg.train.lr, model)
+
+    def schedule(
+        self, optimizer: torch.optim.Optimizer, total_steps: int
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        """The learning rate schedule, stepped once per optimizer step.
+
+        Default: linear warmup over `train.warmup_steps`, then `train.schedule` (cosine decay
+        to zero at `total_steps`, or constant). With a `LambdaLR` (as the default), a changed
+        `train.lr` or weight decay applies from the resumed step on.
+        """
+        return optim.warmup_then(optimizer, self.cfg.train, total_steps)
+
     def pretrained_target(self, model: nn.Module) -> nn.Module:
         """The part of the model that `model.init_from`'s weights are loaded into."""
         return model
@@ -139,6 +175,15 @@ class Task(ABC):
         """Called before each epoch (also the epoch a run resumes in): freeze layers, etc.
 
         Parameters that get no gradient under DDP need `dist.find_unused_parameters = true`.
+        """
+
+    def on_mode(self, model: nn.Module, training: bool) -> None:  # noqa: B027  (optional)
+        """Called right after the trainer sets the whole model's mode.
+
+        That is `model.train()` before the training batches of each epoch and after each
+        validation (`training` True) and `model.eval()` before evaluation (False). Set other
+        modes for parts here, e.g. `backbone.eval()` while it is frozen, so its BatchNorm
+        running statistics stay as they are.
         """
 
     # --- loss, metrics, figures -----------------------------------------------------------
@@ -162,6 +207,17 @@ class Task(ABC):
         """Figures of a split from its sums (the training curves are drawn for every task)."""
         del sums, out_dir, split
         return []
+
+
+def own_collate(task: Task) -> Callable[[list[Any]], Batch] | None:
+    """The task's `collate` when it overrides the default, else None (torch's default)."""
+    return task.collate if type(task).collate is not Task.collate else None
+
+
+def set_mode(task: Task, model: nn.Module, training: bool) -> None:
+    """`model.train(training)`, then the task's `on_mode` for the parts it sets itself."""
+    model.train(training)
+    task.on_mode(model, training)
 
 
 # --- choosing a task --------------------------------------------------------------------

@@ -25,15 +25,21 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, names, provenance
+from . import checkpoint, distributed, names, optim, provenance
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
-from .data import stage
-from .errors import CheckpointError, ConfigError, DataError
+from .data import check_same_data, processed_digest, stage
+from .errors import ConfigError, DataError
 from .evaluate import split_sums
 from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
-from .preemption import EXIT_DIVERGED, EXIT_REQUEUE, StopRequest, catch_stop_signals
+from .preemption import (
+    EXIT_DIVERGED,
+    EXIT_REQUEUE,
+    StopRequest,
+    catch_stop_signals,
+    stop_message,
+)
 from .runtime import (
     autocast_dtype,
     configure_backends,
@@ -44,7 +50,7 @@ from .runtime import (
     seed_everything,
 )
 from .settings import Settings, get_settings
-from .task import Batch, Datasets, Task, load_task
+from .task import Batch, Datasets, Task, load_task, own_collate
 
 
 @dataclass
@@ -81,16 +87,6 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
     if env.get("SLURM_JOB_ID"):
         return env["SLURM_JOB_ID"]
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")  # local time on purpose
-
-
-def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Linear warmup over `warmup` steps, then constant or cosine decay to zero at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -226,9 +222,12 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
 
         for split in ("train", "val"):
-            check_first_sample(datasets.get(split), f"task {task.name}: {split} data set")
+            check_first_sample(
+                datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
+            )
         train_set = datasets.train
-        self.in_memory = _in_memory(cfg, task.name, train_set, device)
+        # A task's own collate makes every batch: never the in-memory path, which has none.
+        self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
         self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
@@ -245,6 +244,7 @@ class Trainer:
                 f"(one of {list(task.metrics)})"
             )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
+        self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         self.net = task.build_model().to(device)
@@ -259,19 +259,9 @@ class Trainer:
             )
         if cfg.model.compile:
             self.model = torch.compile(self.model)
-        self.optimizer = torch.optim.AdamW(
-            task.param_groups(self.net), lr=cfg.train.lr, fused=device.type == "cuda"
-        )  # fused: one kernel for all parameters instead of many
+        self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            partial(
-                lr_factor,
-                warmup=cfg.train.warmup_steps,
-                total=self.total_steps,
-                schedule=cfg.train.schedule,
-            ),
-        )
+        self.scheduler = task.schedule(self.optimizer, self.total_steps)
         self.dtype = autocast_dtype(cfg.train.precision, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
@@ -299,6 +289,7 @@ class Trainer:
             device=device,
             num_workers=self.workers,
             prefetch_factor=cfg.data.prefetch_factor,
+            collate=own_collate(task),
         )
 
     def __enter__(self) -> "Trainer":
@@ -328,6 +319,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
+        self.window: list[Any] = [torch.zeros((), device=self.device), 0]  # see _loop
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier()
@@ -342,8 +334,10 @@ class Trainer:
                 f"task.name: run {self.name} was trained with task "
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
+        check_same_data(state.get("data"), self.data_digest, self.name, self.task.processed_dir)
         checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
-        self.load_optimizer(state)
+        optim.restore(self.optimizer, self.scheduler, state, self.name)
+        self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
         self.tracker_saved = state.get("tracker")
         self.saved_step = self.pos.step
@@ -357,30 +351,6 @@ class Trainer:
         )
         return True
 
-    def load_optimizer(self, state: dict[str, Any]) -> None:
-        """Optimizer, schedule and scaler state from `state`, with this config's lr and decay.
-
-        The saved state carries the learning rate and weight decay of the first segment; the
-        values the task's parameter groups got from this configuration replace them, so a
-        changed `train.lr` or `train.weight_decay` applies from the resumed step on.
-        """
-        fresh = [(g["initial_lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
-            raise CheckpointError(
-                f"run {self.name}'s checkpoint: the optimizer state does not fit ({err}); "
-                "were the task's parameter groups changed? use another run.name"
-            ) from None
-        self.scaler.load_state_dict(state["scaler"])
-        self.scheduler.base_lrs = [lr for lr, _ in fresh]
-        for group, (lr, decay), factor in zip(
-            self.optimizer.param_groups, fresh, self.scheduler.lr_lambdas, strict=True
-        ):
-            group["initial_lr"], group["weight_decay"] = lr, decay
-            group["lr"] = lr * factor(self.scheduler.last_epoch)
-
     def restore_order(self, state: dict[str, Any]) -> None:
         """The random state and position within the epoch after the checkpoint's step.
 
@@ -391,6 +361,8 @@ class Trainer:
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
+            if saved := state["rng"][self.denv.rank].get("loss_window"):
+                self.window = [saved[0].to(self.device), saved[1]]
         else:  # keep the position within the epoch, not the exact sample order
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
@@ -433,7 +405,9 @@ class Trainer:
         if not self.weights_finite():
             return False
         start = time.perf_counter()
-        rngs = distributed.gather_objects(rng_state(self.device))
+        # Each process's random state, and its part of the next train row's mean loss.
+        window = [self.window[0].cpu(), self.window[1]]
+        rngs = distributed.gather_objects({**rng_state(self.device), "loss_window": window})
         if self.denv.is_main:
             state = {
                 "model": self.net.state_dict(),
@@ -445,6 +419,7 @@ class Trainer:
                 "world_size": self.denv.world_size,
                 "batch_size": self.cfg.train.batch_size,
                 "config": to_dict(self.cfg),
+                "data": self.data_digest,
                 "best": self.best,
                 "seconds": self.run_seconds(),
                 "tracker": self.metrics.tracker_state() if self.metrics else None,
@@ -515,7 +490,7 @@ class Trainer:
                 epoch=self.pos.epoch,
                 phase="val",
                 **self.last_val,
-                elapsed_s=round(time.perf_counter() - self.timers.start, 3),
+                elapsed_s=round(self.run_seconds()["wall"], 3),  # the whole run's, all segments
             )
 
     def keep_best(self) -> None:
@@ -570,7 +545,9 @@ class Trainer:
         if self.denv.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
-            provenance.record(self.run_dir, self.settings.project_root, os.environ)
+            provenance.record(
+                self.run_dir, self.settings.project_root, os.environ, self.data_digest
+            )
             fields = metric_fields(self.task.metrics, self.lr_names)
             self.metrics = MetricsLog(
                 self.run_dir,
@@ -609,7 +586,7 @@ class Trainer:
                 "(lower train.lr, or raise train.nonfinite_patience)"
             )
         elif outcome == "stop":
-            self.say(self.stop_message(stop))
+            self.say(stop_message(stop.signal_name, self.pos.step, self.name))
         elif outcome == "segment":
             self.say(f"segment done at step {self.pos.step}; the next start resumes")
         elif resumed and segment_steps == 0:
@@ -633,32 +610,22 @@ class Trainer:
         code = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED}.get(outcome, 0)
         return Result(code, self.run_dir, summary)
 
-    def stop_message(self, stop: StopRequest) -> str:
-        """What follows a stop: the job script requeues after USR1 and after a preemption."""
-        name = stop.signal_name or "on another rank"
-        done = f"stop signal ({name}): checkpoint at step {self.pos.step} written, exit"
-        if stop.signal_name == "SIGTERM":  # a preemption, or scancel / the hard time limit
-            return (
-                f"{done} {EXIT_REQUEUE}; the job script requeues a preempted job, not a "
-                f"cancelled one: start run.name={self.name} again to resume that"
-            )
-        return f"{done} {EXIT_REQUEUE} (the job script requeues; the next start resumes)"
-
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
-        loss_sum, loss_count = torch.zeros((), device=self.device), 0
+        window = self.window  # [loss sum, steps] since the last train row, across segments
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
+            self.task.on_mode(self.net, True)
             micro, tick = 0, time.perf_counter()
             for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
-                loss_sum += self.forward_backward(batch, sync=micro == self.accum)
-                loss_count += 1
+                window[0] += self.forward_backward(batch, sync=micro == self.accum)
+                window[1] += 1
                 if micro < self.accum:
                     tick = self.timers.add("compute", tick)
                     continue
@@ -670,15 +637,15 @@ class Trainer:
                 if log_now:  # wait for the GPU here only, so the time lands in "compute"
                     tick = self.timers.synchronized("compute", tick, self.device)
                     stats = {
-                        "loss": self.mean_loss(loss_sum, loss_count),
+                        "loss": self.mean_loss(*window),
                         "lr": self.optimizer.param_groups[0]["lr"],
                         **self.named_lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
                     if self.grad_norm is not None:
                         stats["grad_norm"] = self.grad_norm.item()
-                    loss_sum.zero_()
-                    loss_count, seen, clock = 0, self.pos.samples, tick
+                    window[0].zero_()
+                    window[1], seen, clock = 0, self.pos.samples, tick
                     self.log_train(stats)
                     if self.diverged(stats["loss"]):
                         return "diverged", segment_steps
@@ -725,7 +692,7 @@ class Trainer:
                 step=self.pos.step,
                 epoch=self.pos.epoch,
                 phase="train",
-                elapsed_s=round(time.perf_counter() - self.timers.start, 3),
+                elapsed_s=round(self.run_seconds()["wall"], 3),  # the whole run's, all segments
                 **stats,
             )
 

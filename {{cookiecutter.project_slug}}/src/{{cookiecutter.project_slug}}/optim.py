@@ -1,0 +1,69 @@
+"""The default optimizer and schedule of a task, and restoring either from a checkpoint.
+
+A task may return any optimizer and schedule from its `optimizer` and `schedule` hooks; these
+are the defaults (AdamW; linear warmup, then cosine decay or constant), and `restore` loads
+the saved state of whichever the task built.
+"""
+
+import math
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from .config import TrainConfig
+from .errors import CheckpointError
+
+
+def adamw(groups: list[dict[str, Any]], lr: float, model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW over `groups`; fused (one kernel for all parameters) when they are on a GPU."""
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=lr, fused=on_gpu)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Linear warmup over `warmup` steps, then constant or cosine decay to zero at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_then(optimizer: torch.optim.Optimizer, train: TrainConfig, total: int) -> LambdaLR:
+    """`train.warmup_steps` of linear warmup, then `train.schedule` up to step `total`."""
+    factor = partial(lr_factor, warmup=train.warmup_steps, total=total, schedule=train.schedule)
+    return LambdaLR(optimizer, factor)
+
+
+def restore(
+    optimizer: torch.optim.Optimizer, scheduler: LRScheduler, state: dict[str, Any], run: str
+) -> None:
+    """Optimizer and schedule state from a checkpoint's `state`, with this config's lr and decay.
+
+    The saved state carries the learning rate and weight decay of the first segment. Under a
+    `LambdaLR` (the default schedule) the values the task's parameter groups got from this
+    configuration replace them, so a changed `train.lr` or `train.weight_decay` applies from
+    the resumed step on; other schedules resume exactly as saved.
+    """
+    fresh = [(g.get("initial_lr"), g.get("weight_decay")) for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
+        raise CheckpointError(
+            f"run {run}'s checkpoint: the optimizer state does not fit ({err}); "
+            "were the task's parameter groups changed (or its optimizer or schedule)? "
+            "use another run.name"
+        ) from None
+    if not isinstance(scheduler, LambdaLR):
+        return
+    scheduler.base_lrs = [lr for lr, _ in fresh]
+    for group, (lr, decay), factor in zip(
+        optimizer.param_groups, fresh, scheduler.lr_lambdas, strict=True
+    ):
+        group["initial_lr"], group["weight_decay"] = lr, decay
+        group["lr"] = lr * factor(scheduler.last_epoch)
