@@ -19,14 +19,14 @@ import shutil
 import socket
 import sys
 import uuid
+import warnings
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from .errors import CheckpointError, ConfigError
 
@@ -77,6 +77,14 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Around a DCP call in one process, which DCP warns about; here that is on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable")
+        yield
 
 
 def run_id(run_dir: Path) -> str:
@@ -255,9 +263,8 @@ def load(path: Path) -> dict[str, Any]:
     """
     if path.is_dir():
         state: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
-        tensors: dict[str, Any] = {}
-        # An empty state to fill: the planner takes every tensor the checkpoint has.
-        dcp.load(tensors, checkpoint_id=path, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        with alone():  # every tensor, whole (DCP's loader for one process without a model)
+            tensors = _load_state_dict_from_keys(checkpoint_id=path)
         return {**state, **tensors}
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # type: ignore[no-any-return]
 

@@ -17,6 +17,7 @@ most one is in flight, and every other use of the I/O group waits for it first.
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +105,13 @@ class Checkpointer:
         distributed.barrier(io=True)  # the folder exists before any rank writes into it
         tensors = self.strategy.state(net, optimizer)
         io, solo = distributed.io_group(), not self.denv.distributed
-        if background:  # returns once the state is staged; the writing goes on in a thread
-            written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io, no_dist=solo)
-            self._pending = self._pool.submit(self._seal, tmp, step, written)
-        else:
+        with checkpoint.alone() if solo else nullcontext():
+            if background:  # returns once the state is staged; the writing goes on in a thread
+                written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io, no_dist=solo)
+                self._pending = self._pool.submit(self._seal, tmp, step, written)
+                return
             dcp.save(tensors, checkpoint_id=tmp, process_group=io, no_dist=solo)
-            self._seal(tmp, step)
+        self._seal(tmp, step)
 
     def _seal(self, tmp: Path, step: int, written: Any = None) -> None:
         """Checksums of every file, then rank 0 renames the folder into place and prunes."""
@@ -220,5 +222,6 @@ class Checkpointer:
         meta: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
         tensors = self.strategy.state(net, optimizer)  # the shards this process holds
         io, solo = distributed.io_group(), not self.denv.distributed
-        dcp.load(tensors, checkpoint_id=path, process_group=io, no_dist=solo)
+        with checkpoint.alone() if solo else nullcontext():
+            dcp.load(tensors, checkpoint_id=path, process_group=io, no_dist=solo)
         return {**meta, **tensors}

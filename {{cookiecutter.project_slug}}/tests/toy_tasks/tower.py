@@ -56,9 +56,14 @@ class Options(BlobsOptions):
 class TowerTask(Blobs):
     Options = Options
 
+    def on_epoch_start(self, model: nn.Module, epoch: int) -> None:
+        del model, epoch  # what is frozen stays frozen (Blobs would thaw the first layer)
+
     def build_model(self) -> nn.Module:
         o = self.options
-        return Tower(o.features, self.cfg.model.hidden, self.cfg.model.depth, o.classes, o.adapter_rank)
+        return Tower(
+            o.features, self.cfg.model.hidden, self.cfg.model.depth, o.classes, o.adapter_rank
+        )
 
 
 TASK = TowerTask
