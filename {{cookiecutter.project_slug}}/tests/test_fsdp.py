@@ -273,3 +273,33 @@ def test_fsdp_holds_half_the_model_and_optimizer_state_per_rank(tmp_path: Path) 
     )
     assert len(ddp) == 1  # replicated
     assert 0.49 < max(fsdp) / ddp.pop() < 0.52  # each rank holds its half (and some padding)
+
+
+def test_strategy_settings(project: Path) -> None:
+    load, train = pkg("config").load_config, pkg("trainer").train
+    config_error = pkg("errors").ConfigError
+    with pytest.raises(config_error, match=r"dist.strategy: must be one of \['ddp', 'fsdp'\]"):
+        load(None, ["dist.strategy=zero"])
+    args = ["data.verify_raw=false", "run.figures=false", "model.hidden=32", "train.epochs=1"]
+    # Without blocks there is nothing to recompute: one line instead of a silent no-op.
+    with pytest.raises(config_error, match=r"train.activation_checkpointing: task .* names no"):
+        train(
+            load(
+                None, ["task.name=toy_tasks.blobs", "train.activation_checkpointing=blocks", *args]
+            )
+        )
+    # Recomputed blocks: each block's inner layer runs again in backward, same gradients.
+    grads, calls = {}, {}
+    for mode in ("none", "blocks"):
+        cfg = load(None, ["task.name=toy_tasks.tower", f"train.activation_checkpointing={mode}"])
+        task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+        plan = pkg("strategy").create(cfg, pkg("distributed").DistEnv(), torch.device("cpu"))
+        torch.manual_seed(0)
+        net, model = plan.setup(task)
+        runs: list[int] = []
+        net.blocks[0].linear.register_forward_hook(lambda *_, runs=runs: runs.append(1))
+        model(torch.randn(8, 16)).sum().backward()
+        grads[mode], calls[mode] = [p.grad for p in net.parameters()], len(runs)
+    assert calls == {"none": 1, "blocks": 2}
+    for plain, recomputed in zip(grads["none"], grads["blocks"], strict=True):
+        assert torch.equal(plain, recomputed)
