@@ -15,12 +15,14 @@ Four measurements on CPU, each side by side in this run:
 
 The last line is
 
-    scale: fsdp/ddp step=<ratio> state=<ratio> | lost async/sync=<ratio> | load mmap/full rss=<ratio>
+    scale: fsdp/ddp step=<r> state=<r> | lost async/sync=<r> | load mmap/full rss=<r>
 
 Usage: python benchmarks/bench_scale.py [--width 1024] [--depth 8] [--load-mb 400]
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import resource
@@ -134,23 +136,22 @@ def lost_to_checkpoints(args: argparse.Namespace, runs: Path) -> dict[str, float
     ]:
         cfg = load(None, [*common, *extra, f"run.name={name}"])
         start = time.perf_counter()
-        with open(os.devnull, "w") as sink:
-            stdout, sys.stdout = sys.stdout, sink
-            try:
-                train(cfg)
-            finally:
-                sys.stdout = stdout
+        with contextlib.redirect_stdout(io.StringIO()):
+            train(cfg)
         walls[name] = time.perf_counter() - start
     return {"sync": walls["sync"] - walls["none"], "async": walls["async"] - walls["none"]}
 
 
 LOAD = """
-import resource, sys, time, torch
+import sys, time, torch
 sys.path.insert(0, {src!r})
 from {package} import checkpoint
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 before, start = rss(), time.perf_counter()
-state = checkpoint.load(sys.argv[1]) if sys.argv[2] == "mmap" else torch.load(sys.argv[1], weights_only=True)
+if sys.argv[2] == "mmap":
+    state = checkpoint.load(sys.argv[1])
+else:
+    state = torch.load(sys.argv[1], weights_only=True)
 loaded, after = time.perf_counter() - start, rss() - before
 total = sum(float(t.sum()) for t in state["model"].values())
 print(loaded, after, time.perf_counter() - start, rss() - before)
@@ -164,7 +165,7 @@ def resume_load(args: argparse.Namespace, folder: Path) -> dict[str, list[float]
     code = LOAD.format(src=str(ROOT / "src"), package=PACKAGE)
     found = {}
     for how in ("full", "mmap"):
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603  (this interpreter, our own script)
             [sys.executable, "-c", code, str(path), how], capture_output=True, text=True, check=True
         )
         found[how] = [float(v) for v in done.stdout.split()]
@@ -180,12 +181,16 @@ def main() -> None:
         loads = resume_load(args, folder / "load")
     mib = 2**20
     for name, (step, state, rss) in scale.items():
-        print(f"{name:5s} step {step * 1e3:7.1f} ms  state/rank {state / mib:7.1f} MiB  "
-              f"peak RSS/rank {rss / mib:7.1f} MiB")
+        print(
+            f"{name:5s} step {step * 1e3:7.1f} ms  state/rank {state / mib:7.1f} MiB  "
+            f"peak RSS/rank {rss / mib:7.1f} MiB"
+        )
     print(f"time lost to 13 checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s")
     for how, (t_load, rss, t_all, rss_all) in loads.items():
-        print(f"load {how}: {t_load:.3f} s, +{rss / mib:.0f} MiB RSS; after touching every "
-              f"tensor {t_all:.3f} s, +{rss_all / mib:.0f} MiB")
+        print(
+            f"load {how}: {t_load:.3f} s, +{rss / mib:.0f} MiB RSS; after touching every "
+            f"tensor {t_all:.3f} s, +{rss_all / mib:.0f} MiB"
+        )
     print(
         f"scale: fsdp/ddp step={scale['fsdp'][0] / scale['ddp'][0]:.2f} "
         f"state={scale['fsdp'][1] / scale['ddp'][1]:.2f} | "

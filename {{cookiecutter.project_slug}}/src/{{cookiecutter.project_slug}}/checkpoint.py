@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from .errors import CheckpointError, ConfigError
@@ -315,4 +316,12 @@ def load_model(
             f"{source}: weights do not fit the configured model ({problems}); "
             "was the model or task changed?"
         )
+    # A sharded model (fsdp) takes each process's slice of a whole tensor, cut locally: with
+    # a memory-mapped file only that slice is read, and no rank needs a full copy in memory.
+    weights = {
+        k: distribute_tensor(w, own[k].device_mesh, own[k].placements, src_data_rank=None)
+        if isinstance(own.get(k), DTensor) and not isinstance(w, DTensor)
+        else w
+        for k, w in weights.items()
+    }
     model.load_state_dict(weights, strict=not skip)

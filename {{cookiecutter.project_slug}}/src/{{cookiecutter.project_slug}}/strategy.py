@@ -63,7 +63,7 @@ def recompute_in_backward(block: nn.Module) -> None:
         # inputs that need no gradient. The RNG state is restored, so dropout repeats exactly.
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
-    block.forward = checkpointed  # type: ignore[method-assign]
+    block.forward = checkpointed
 
 
 def tensor_digest(named: Iterator[tuple[str, torch.Tensor]]) -> str:
@@ -130,7 +130,8 @@ class Strategy:
     def sync(self, sync: bool) -> AbstractContextManager[Any]:
         """Context of one backward pass: gradients all-reduced only when `sync`."""
         if self.denv.distributed and not sync:
-            return self._ddp.no_sync()
+            no_sync: AbstractContextManager[Any] = self._ddp.no_sync()
+            return no_sync
         return nullcontext()
 
     def grad_norm(self, net: nn.Module, clip: float) -> torch.Tensor:
@@ -179,7 +180,8 @@ class Strategy:
 
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights on the CPU of rank 0 (every rank calls this)."""
-        return net.state_dict()
+        weights: dict[str, torch.Tensor] = net.state_dict()
+        return weights
 
     def load(
         self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
@@ -259,7 +261,8 @@ class FSDP(Strategy):
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
         """Gathered shard by shard into rank 0's CPU memory (the other ranks get nothing)."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(net, options=options)
+        weights: dict[str, torch.Tensor] = get_model_state_dict(net, options=options)
+        return weights
 
     def load(
         self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
