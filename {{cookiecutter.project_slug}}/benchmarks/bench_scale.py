@@ -144,12 +144,13 @@ def lost_to_checkpoints(args: argparse.Namespace, runs: Path) -> dict[str, float
 
 LOAD = """
 import sys, time, torch
+from pathlib import Path
 sys.path.insert(0, {src!r})
 from {package} import checkpoint
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 before, start = rss(), time.perf_counter()
 if sys.argv[2] == "mmap":
-    state = checkpoint.load(sys.argv[1])
+    state = checkpoint.load(Path(sys.argv[1]))
 else:
     state = torch.load(sys.argv[1], weights_only=True)
 loaded, after = time.perf_counter() - start, rss() - before
@@ -174,18 +175,22 @@ def resume_load(args: argparse.Namespace, folder: Path) -> dict[str, list[float]
 
 def main() -> None:
     args = parse_args()
+    mib = 2**20
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         scale = strategies(args, folder)
+        for name, (step, state, rss) in scale.items():
+            print(
+                f"{name:5s} step {step * 1e3:7.1f} ms  state/rank {state / mib:7.1f} MiB  "
+                f"peak RSS/rank {rss / mib:7.1f} MiB",
+                flush=True,
+            )
         lost = lost_to_checkpoints(args, folder / "runs")
-        loads = resume_load(args, folder / "load")
-    mib = 2**20
-    for name, (step, state, rss) in scale.items():
         print(
-            f"{name:5s} step {step * 1e3:7.1f} ms  state/rank {state / mib:7.1f} MiB  "
-            f"peak RSS/rank {rss / mib:7.1f} MiB"
+            f"time lost to 13 checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s",
+            flush=True,
         )
-    print(f"time lost to 13 checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s")
+        loads = resume_load(args, folder / "load")
     for how, (t_load, rss, t_all, rss_all) in loads.items():
         print(
             f"load {how}: {t_load:.3f} s, +{rss / mib:.0f} MiB RSS; after touching every "

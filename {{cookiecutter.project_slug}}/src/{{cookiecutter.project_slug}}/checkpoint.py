@@ -26,8 +26,8 @@ from typing import Any, BinaryIO
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .errors import CheckpointError, ConfigError
 

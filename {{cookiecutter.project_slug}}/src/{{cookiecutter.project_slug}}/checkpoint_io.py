@@ -104,13 +104,23 @@ class Checkpointer:
             checkpoint.save_atomic(extra, tmp / "meta.pt")
         distributed.barrier(io=True)  # the folder exists before any rank writes into it
         tensors = self.strategy.state(net, optimizer)
-        io, solo = distributed.io_group(), not self.denv.distributed
-        with checkpoint.alone() if solo else nullcontext():
-            if background:  # returns once the state is staged; the writing goes on in a thread
-                written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io, no_dist=solo)
-                self._pending = self._pool.submit(self._seal, tmp, step, written)
-                return
-            dcp.save(tensors, checkpoint_id=tmp, process_group=io, no_dist=solo)
+        if not self.denv.distributed:  # one process: DCP's own threads would warn about that
+            if background:
+                self._pending = self._pool.submit(self._write_alone, staged(tensors), tmp, step)
+            else:
+                self._write_alone(tensors, tmp, step)
+            return
+        io = distributed.io_group()
+        if background:  # returns once the state is staged; the writing goes on in a thread
+            written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io)
+            self._pending = self._pool.submit(self._seal, tmp, step, written)
+        else:
+            dcp.save(tensors, checkpoint_id=tmp, process_group=io)
+            self._seal(tmp, step)
+
+    def _write_alone(self, tensors: dict[str, Any], tmp: Path, step: int) -> None:
+        with checkpoint.alone():
+            dcp.save(tensors, checkpoint_id=tmp, no_dist=True)
         self._seal(tmp, step)
 
     def _seal(self, tmp: Path, step: int, written: Any = None) -> None:
