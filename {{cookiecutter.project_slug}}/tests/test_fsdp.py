@@ -20,6 +20,7 @@ TOWER = [
     "model.depth=3",
     "train.epochs=2",  # 13 steps per epoch with 2 x 16 samples per step
     "run.log_every_steps=1",
+    "run.best_metric=loss",
 ]
 
 
@@ -51,6 +52,10 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     ddp, fsdp = train_losses(runs / "d"), train_losses(runs / "f")
     assert len(fsdp) == 26
     assert fsdp == pytest.approx(ddp, rel=1e-4)
+    # best.pt holds whole tensors, gathered from the shards: it loads into an unsharded model.
+    best = torch.load(runs / "f" / "best.pt", weights_only=True)["model"]
+    final = weights(runs / "f")
+    assert {k: v.shape for k, v in best.items()} == {k: v.shape for k, v in final.items()}
 
     # The same fsdp run in segments: background saves every 3 steps, a synchronous one at
     # each segment's end. The step-8 checkpoint is dropped as if the job had been killed
