@@ -308,3 +308,12 @@ def test_strategy_settings(project: Path) -> None:
     assert calls == {"none": 1, "blocks": 2}
     for plain, recomputed in zip(grads["none"], grads["blocks"], strict=True):
         assert torch.equal(plain, recomputed)
+
+
+def test_a_model_that_placed_itself_is_not_moved() -> None:
+    place = pkg("strategy").place
+    built_on_cpu = torch.nn.Linear(2, 2)
+    assert place(built_on_cpu, torch.device("meta")).weight.device.type == "meta"
+    # A part already elsewhere (e.g. a quantised base its library put on the GPU): left alone.
+    placed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    assert place(placed, torch.device("meta"))[0].weight.device.type == "cpu"
