@@ -88,6 +88,7 @@ class Strategy:
         self.cfg, self.denv, self.device = cfg, denv, device
         self.frozen_at_build: set[str] = set()
         self._digests: dict[tuple[str, ...], str] = {}
+        self._ddp: DistributedDataParallel | None = None
 
     def setup(self, task: Task) -> tuple[nn.Module, nn.Module]:
         """Build the task's model: (the model itself, the wrapped one that runs the steps)."""
@@ -120,19 +121,24 @@ class Strategy:
         del blocks  # DDP replicates the whole model
         if not self.denv.distributed:
             return net
-        self._ddp = DistributedDataParallel(
+        ddp = DistributedDataParallel(
             net,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self.cfg.dist.find_unused_parameters,
         )
-        return self._ddp
+        self._ddp = ddp
+        return ddp
 
     def sync(self, sync: bool) -> AbstractContextManager[Any]:
         """Context of one backward pass: gradients all-reduced only when `sync`."""
-        if self.denv.distributed and not sync:
+        if self._ddp is not None and not sync:
             no_sync: AbstractContextManager[Any] = self._ddp.no_sync()
             return no_sync
         return nullcontext()
+
+    def release(self) -> None:
+        """Drop the DDP wrapper (its reducer holds the process group) before the group goes."""
+        self._ddp = None
 
     def grad_norm(self, net: nn.Module, clip: float) -> torch.Tensor:
         """The total gradient norm of the model; gradients scaled down to `clip` when > 0."""

@@ -315,6 +315,7 @@ class Trainer:
         # it is not the group's last owner: gloo's destructor joins threads that may need the
         # GIL, and in a reducer's teardown that deadlocked the process at exit.
         self.model = self.net
+        self.strategy.release()
         self._held.close()
 
     # --- checkpoints --------------------------------------------------------------------
@@ -322,6 +323,7 @@ class Trainer:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
+        distributed.barrier(io=True)  # deleting a large stale folder may take a while
         own_id = checkpoint.run_id(self.run_dir) if self.denv.is_main else None
         self.checkpoints.run_id = distributed.broadcast_object(own_id)
         state = self.checkpoints.load_latest(self.net, self.optimizer)
