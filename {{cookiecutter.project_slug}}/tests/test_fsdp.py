@@ -37,6 +37,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+@pytest.mark.slow
 def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -120,6 +121,7 @@ if os.environ.get("SLURM_PROCID") == "0":
 """
 
 
+@pytest.mark.slow
 def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
     project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -267,6 +269,7 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_fsdp_holds_half_the_model_and_optimizer_state_per_rank(tmp_path: Path) -> None:
     # A 2.1M-parameter tower (25 MB of weights and Adam moments per ddp rank): enough to see
     # the ratio, small enough for the CI machines.
