@@ -111,10 +111,11 @@ def test_changed_model_under_the_same_run_name_is_one_line(project: Path) -> Non
 def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     train("run.name=half", "train.batch_size=32", "train.epochs=1")
     run_dir = project / "runs" / "half"
-    [(_, path)] = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1:]
-    state = checkpoint.load(path)
+    [(step, path)] = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1:]
+    state = {**checkpoint.load(path)}  # a copy: the file is memory-mapped
     state["config"]["train"]["precision"] = "fp16"  # as written by a run on a GPU
-    checkpoint.save_atomic(state, path)
+    run_id = checkpoint.read_manifest(path)["run_id"]
+    checkpoint.save(state, run_dir / "checkpoints", step, keep=1, run_id=run_id)
     result = pkg("evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
     assert result["accuracy"] > 0.5
 

@@ -1,30 +1,42 @@
-"""Atomic checkpoint files: `checkpoints/step-<N>.pt`, the newest k kept.
+"""Checkpoint files: `checkpoints/step-<N>.pt` or `step-<N>.dcp/`, the newest k kept, verified.
 
-A checkpoint is written to a temporary file in the same directory, flushed to disk and renamed
-over its final name, so a process killed at any moment leaves either the complete new file or
-none; the previous checkpoints are removed only after the new one is in place.
+A checkpoint is written under a temporary name in the same directory, flushed to disk and
+renamed to its final name, so a process killed at any moment leaves either the complete new
+checkpoint or none; the previous ones are removed only after the new one is in place. Each
+has a manifest (`step-<N>.pt.json` beside the file, `manifest.json` in the folder) with the
+SHA-256 of every file and the id of the run it belongs to: a damaged file is found before
+anything of it is used. Writing a sharded checkpoint with several processes: checkpoint_io.py.
 """
 
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import re
+import shutil
 import socket
 import sys
-from collections.abc import Iterator
+import uuid
+import warnings
+from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .errors import CheckpointError, ConfigError
 
-_NAME = re.compile(r"step-(\d+)\.pt")
+_NAME = re.compile(r"step-(\d+)\.(pt|dcp)")
+MANIFEST = "manifest.json"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (where the file system allows)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -68,80 +80,225 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save `obj` to `path` so that `path` is never seen half-written."""
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Around a DCP call in one process, which DCP warns about; here that is on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable")
+        yield
+
+
+def run_id(run_dir: Path) -> str:
+    """The id of the run in `run_dir` (made on its first start): checkpoints record it."""
+    path = run_dir / "run_id"
+    if not path.is_file():
+        path.write_text(uuid.uuid4().hex + "\n", encoding="utf-8")
+    return path.read_text(encoding="utf-8").strip()
+
+
+class _HashingFile:
+    """A binary file that computes the SHA-256 of what is written through it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write(obj: Any, tmp: Path) -> str:
+    """torch.save `obj` to `tmp`, flushed to disk; its SHA-256, computed while writing."""
+    with tmp.open("wb") as f:
+        out = _HashingFile(f)  # no second read of a large file
+        torch.save(obj, out)
+        f.flush()
+        os.fsync(f.fileno())
+    return out.sha.hexdigest()
+
+
+def save_atomic(obj: Any, path: Path) -> str:
+    """torch.save `obj` to `path` so that `path` is never seen half-written; its SHA-256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with tmp.open("wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        digest = _write(obj, tmp)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
+    return digest
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in 8 MiB pieces."""
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while piece := f.read(8 << 20):
+            sha.update(piece)
+    return sha.hexdigest()
+
+
+def manifest_path(path: Path) -> Path:
+    """Where the manifest of the checkpoint `path` lives: inside a folder, beside a file."""
+    return path / MANIFEST if path.is_dir() else path.with_name(f"{path.name}.json")
+
+
+def write_manifest(path: Path, files: dict[str, str], run_id: str) -> None:
+    """Record the run and each file's SHA-256 of the checkpoint `path` (atomically)."""
+    target = manifest_path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    text = json.dumps({"run_id": run_id, "sha256": dict(sorted(files.items()))}, indent=1)
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(target)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint `path`; CheckpointError naming what is wrong."""
+    where = manifest_path(path)
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+        files, run_id = manifest["sha256"], manifest["run_id"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{where}: no readable checksum record ({err})") from None
+    if not isinstance(files, dict) or not isinstance(run_id, str):
+        raise CheckpointError(f"{where}: malformed checksum record")
+    return {"run_id": run_id, "sha256": files}
+
+
+def damaged(path: Path, names: list[str], sha256: dict[str, str]) -> str | None:
+    """The first of `names` (files of checkpoint `path`) whose content changed, with why."""
+    folder = path if path.is_dir() else path.parent
+    for name in names:
+        file = folder / name
+        try:
+            actual = file_digest(file)
+        except OSError as err:
+            return f"{file}: unreadable ({err.strerror or err})"
+        if actual != sha256[name]:
+            return f"{file}: checksum mismatch (damaged or changed after it was written)"
+    return None
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the checkpoint files in `directory`, oldest first."""
+    """(step, path) of the checkpoints in `directory`, oldest first.
+
+    `step-<N>.pt` files (one process wrote the whole state) and `step-<N>.dcp` folders (each
+    process wrote its shards, torch.distributed.checkpoint).
+    """
     if not directory.is_dir():
         return []
     found = [
         (int(m.group(1)), p)
         for p in directory.iterdir()
-        if (m := _NAME.fullmatch(p.name)) and p.is_file()  # a folder of that name is not one
+        # a folder named .pt or a file named .dcp is not one
+        if (m := _NAME.fullmatch(p.name)) and (p.is_dir() if m.group(2) == "dcp" else p.is_file())
     ]
     return sorted(found)
 
 
-def save(state: dict[str, Any], directory: Path, step: int, keep: int) -> Path:
-    """Write the checkpoint for `step`; keep it and the newest `keep` - 1 of earlier steps.
+def remove(path: Path) -> None:
+    """Delete a checkpoint file with its manifest, or a checkpoint folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        manifest_path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
-    Files of later steps are left alone: such a file is there when the run resumed from an
-    earlier checkpoint because it would not load, and counting it could delete the new file.
+
+def prune(directory: Path, step: int, keep: int) -> None:
+    """Keep the checkpoint of `step` and the newest `keep` - 1 of earlier steps.
+
+    Checkpoints of later steps are left alone: such a one is there when the run resumed from
+    an earlier checkpoint because it would not load, and counting it could delete the new one.
     """
-    path = directory / f"step-{step:09d}.pt"
-    save_atomic(state, path)
     earlier = [old for old_step, old in list_checkpoints(directory) if old_step < step]
     for old in earlier[: max(0, len(earlier) - (keep - 1))]:
-        old.unlink(missing_ok=True)
+        remove(old)
+
+
+def save(state: dict[str, Any], directory: Path, step: int, keep: int, run_id: str = "") -> Path:
+    """Write the one-file checkpoint for `step` with its manifest; prune older ones."""
+    path = directory / f"step-{step:09d}.pt"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        digest = _write(state, tmp)
+        # The manifest first, then the file under its final name: a listed file always has
+        # its manifest; a manifest without its file (a kill in between) is removed on resume.
+        write_manifest(path, {path.name: digest}, run_id)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(directory)
+    prune(directory, step, keep)
     return path
 
 
 def remove_stale_tmp(directory: Path) -> None:
-    """Delete temporary files left by a process killed while writing."""
-    if directory.is_dir():
-        for tmp in directory.glob(".step-*.pt.tmp-*"):
+    """Delete what a process killed while writing left: temporary files, folders, manifests."""
+    if not directory.is_dir():
+        return
+    for tmp in directory.glob(".step-*"):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
             tmp.unlink(missing_ok=True)
+    for manifest in directory.glob("step-*.pt.json"):
+        if not manifest.with_suffix("").exists():
+            manifest.unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read a checkpoint onto the CPU (tensors only; no arbitrary code is unpickled)."""
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    return state
+    """Read a whole checkpoint onto the CPU (tensors only; no arbitrary code is unpickled).
+
+    A file is memory-mapped: tensors are read from disk when used, so a large checkpoint does
+    not first take its size in memory on every process. A sharded (`.dcp`) checkpoint is
+    assembled into whole tensors, for evaluation and inspection in one process.
+    """
+    if path.is_dir():
+        state: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
+        with alone():  # every tensor, whole (DCP's loader for one process without a model)
+            tensors = _load_state_dict_from_keys(checkpoint_id=path)
+        return {**state, **tensors}
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # type: ignore[no-any-return]
 
 
 def _load_or_warn(path: Path) -> dict[str, Any] | None:
     try:
+        manifest = read_manifest(path)
+        names = [p.name for p in ([path] if path.is_file() else [])] or sorted(manifest["sha256"])
+        if problem := damaged(path, names, manifest["sha256"]):
+            raise CheckpointError(problem)
         return load(path)
     except Exception as err:  # any unreadable file: the caller falls back to the previous one
-        print(f"warning: skipping unreadable checkpoint {path}: {err}", file=sys.stderr)
+        print(f"warning: skipping a checkpoint: {err}", file=sys.stderr)
         return None
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:
-    """Newest checkpoint that loads, or None when there is none (fresh start)."""
+    """Newest checkpoint that is intact and loads, or None when there is none (one process)."""
     for _, path in reversed(list_checkpoints(directory)):
         if (state := _load_or_warn(path)) is not None:
             return state
     return None
 
 
-def load_model(model: nn.Module, weights: dict[str, Any], source: str) -> None:
-    """Load `weights` into `model`, or one line that says what does not fit (no traceback)."""
+def load_model(
+    model: nn.Module, weights: dict[str, Any], source: str, skip: Collection[str] = ()
+) -> None:
+    """Load `weights` into `model`, or one line that says what does not fit (no traceback).
+
+    `skip`: frozen parameters the weights leave out on purpose (checked by digest instead).
+    """
     own = model.state_dict()
-    missing = sorted(own.keys() - weights.keys())
+    missing = sorted(own.keys() - weights.keys() - set(skip))
     unexpected = sorted(weights.keys() - own.keys())
     shapes = [
         f"{k} {list(weights[k].shape)} vs {list(v.shape)}"
@@ -159,4 +316,12 @@ def load_model(model: nn.Module, weights: dict[str, Any], source: str) -> None:
             f"{source}: weights do not fit the configured model ({problems}); "
             "was the model or task changed?"
         )
-    model.load_state_dict(weights)
+    # A sharded model (fsdp) takes each process's slice of a whole tensor, cut locally: with
+    # a memory-mapped file only that slice is read, and no rank needs a full copy in memory.
+    weights = {
+        k: distribute_tensor(w, own[k].device_mesh, own[k].placements, src_data_rank=None)
+        if isinstance(own.get(k), DTensor) and not isinstance(w, DTensor)
+        else w
+        for k, w in weights.items()
+    }
+    model.load_state_dict(weights, strict=not skip)

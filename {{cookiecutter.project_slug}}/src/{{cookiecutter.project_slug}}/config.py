@@ -38,6 +38,9 @@ class RunConfig:
     checkpoint_every_steps: int = 0  # 0: only at epoch ends (and on stop signals)
     checkpoint_every_minutes: float = 30.0  # bounds the work lost to a hard kill; 0: off
     keep_checkpoints: int = 3
+    # Periodic checkpoints written in the background from a staged copy (training goes on);
+    # the one on a stop signal and the last one are always written before the exit.
+    async_checkpoint: bool = False
     max_steps_this_segment: int = 0  # >0: checkpoint and exit 0 after this many steps
     val_every_steps: int = 0  # >0: also validate every this many steps (always at epoch ends)
     best_metric: str = ""  # a validation metric of the task: keep its best weights in best.pt
@@ -90,11 +93,17 @@ class TrainConfig:
     nonfinite_patience: int = 0  # logging windows in a row with a NaN/inf loss before stopping
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | bf16 | fp16 | fp32
     device: str = "auto"  # auto (cuda, mps, cpu) | cuda | mps | cpu
+    # blocks: recompute each block's activations in the backward pass (less memory, ~30% slower)
+    activation_checkpointing: str = "none"  # none | blocks
 
 
 @dataclass
 class DistConfig:
-    """Multi-process training (DDP)."""
+    """Multi-process training: how the model is spread over the processes."""
+
+    # ddp: every process holds the whole model (small models); fsdp: parameters, gradients
+    # and optimizer state sharded over the processes (models too big for one GPU's memory)
+    strategy: str = "ddp"  # ddp | fsdp
 
     backend: str = "auto"  # auto (nccl on CUDA, gloo otherwise) | nccl | gloo
     timeout_minutes: float = 10.0  # a rank stuck this long aborts instead of hanging
@@ -133,6 +142,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.precision": ("auto", "bf16", "fp16", "fp32"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "dist.backend": ("auto", "nccl", "gloo"),
+    "dist.strategy": ("ddp", "fsdp"),
+    "train.activation_checkpointing": ("none", "blocks"),
 }
 # Numeric settings that must be positive (> 0); all other numbers must be >= 0,
 # except data.num_workers where -1 means "automatic".

@@ -140,8 +140,19 @@ def resolve_env(env: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv()
 
 
+# Waiting for another rank's file I/O (checkpoint save and load, data staging) happens in a
+# second, gloo group with this timeout instead of dist.timeout_minutes: a slow disk must make a
+# run slow, never dead. Longer than any partition's time limit on purpose: a rank that is truly
+# stuck is ended by the job's limit, and one that dies ends the step through srun
+# (--kill-on-bad-exit) or torchrun, so nothing waits forever. A monitored barrier would still
+# time out; a plain untimed store wait would need the private default store.
+IO_TIMEOUT = datetime.timedelta(days=7)
+_io_group: Any = None
+
+
 def init(denv: DistEnv, device: torch.device, backend: str, timeout_minutes: float) -> None:
     """Join the process group (no-op for a single process). Call set_device before this."""
+    global _io_group  # noqa: PLW0603  (one per process, like torch's default group)
     if not denv.distributed:
         return
     if denv.launcher == "slurm":
@@ -158,10 +169,18 @@ def init(denv: DistEnv, device: torch.device, backend: str, timeout_minutes: flo
         timeout=datetime.timedelta(minutes=timeout_minutes),
         device_id=device if device.type == "cuda" else None,
     )
+    _io_group = dist.new_group(backend="gloo", timeout=IO_TIMEOUT)
+
+
+def io_group() -> Any:
+    """The process group that waits for file I/O without a short timeout (None: one process)."""
+    return _io_group
 
 
 def shutdown() -> None:
     """Leave the process group if one was joined."""
+    global _io_group  # noqa: PLW0603
+    _io_group = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -170,10 +189,10 @@ def _active() -> bool:
     return bool(dist.is_available() and dist.is_initialized())
 
 
-def barrier() -> None:
-    """Wait for all ranks (no-op without a process group)."""
+def barrier(io: bool = False) -> None:
+    """Wait for all ranks (no-op without a process group); `io`: after file I/O, untimed."""
     if _active():
-        dist.barrier()
+        dist.barrier(group=_io_group if io else None)
 
 
 def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
@@ -201,12 +220,12 @@ def sum_tensors(
     return out
 
 
-def gather_objects(obj: Any) -> list[Any]:
-    """List of `obj` from every rank, in rank order (on every rank)."""
+def gather_objects(obj: Any, io: bool = False) -> list[Any]:
+    """List of `obj` from every rank, in rank order (on every rank); `io` as in `barrier`."""
     if not _active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_io_group if io else None)
     return out
 
 

@@ -21,6 +21,16 @@ class CheckpointError(ProjectError):
     """No usable checkpoint where one is required."""
 
 
+class NoIntactCheckpointError(CheckpointError):
+    """A run has checkpoints but none is intact: it stops instead of starting from scratch.
+
+    Exit code 5: the job scripts (slurm/common.sh) requeue only on exit 3, so such a job ends
+    with this code and leaves the checkpoints for a person to look at.
+    """
+
+    exit_code = 5
+
+
 def crash_line(err: BaseException, env: dict[str, str]) -> str:
     """One line for an unexpected error: its type, message and where it happened.
 

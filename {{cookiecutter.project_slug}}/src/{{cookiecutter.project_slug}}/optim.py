@@ -6,6 +6,7 @@ the saved state of whichever the task built.
 """
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -40,9 +41,16 @@ def warmup_then(optimizer: torch.optim.Optimizer, train: TrainConfig, total: int
 
 
 def restore(
-    optimizer: torch.optim.Optimizer, scheduler: LRScheduler, state: dict[str, Any], run: str
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    state: dict[str, Any],
+    run: str,
+    load: Callable[[], None],
 ) -> None:
     """Optimizer and schedule state from a checkpoint's `state`, with this config's lr and decay.
+
+    `load` puts the saved weights and optimizer state in place (the strategy knows how: whole
+    tensors under ddp, each process's shards under fsdp).
 
     The saved state carries the learning rate and weight decay of the first segment. Under a
     `LambdaLR` (the default schedule) the values the task's parameter groups got from this
@@ -51,7 +59,7 @@ def restore(
     """
     fresh = [(g.get("initial_lr"), g.get("weight_decay")) for g in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        load()
         scheduler.load_state_dict(state["scheduler"])
     except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
         raise CheckpointError(

@@ -167,6 +167,22 @@ class Task(ABC):
         """
         return optim.warmup_then(optimizer, self.cfg.train, total_steps)
 
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated blocks of the model, the unit of sharding and activation checkpointing.
+
+        `dist.strategy = "fsdp"` shards each block separately (its parameters are gathered
+        only while it runs); `train.activation_checkpointing = "blocks"` recomputes each
+        block's activations in the backward pass. Default: the entries of every
+        `nn.ModuleList` (the layers of a transformer-style model); none: the whole model is
+        one unit.
+        """
+        return [
+            block
+            for module in model.modules()
+            if isinstance(module, nn.ModuleList)
+            for block in module
+        ]
+
     def pretrained_target(self, model: nn.Module) -> nn.Module:
         """The part of the model that `model.init_from`'s weights are loaded into."""
         return model

@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -22,10 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, names, optim, provenance
+from . import checkpoint, checkpoint_io, distributed, names, optim, provenance, strategy
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import check_same_data, processed_digest, stage
@@ -171,8 +169,8 @@ def _load_checked(
         data_dir = stage(task.processed_dir, cfg, denv.local_rank)
     except DataError as err:
         problem = str(err)
-    # Also the barrier: every local rank 0 has finished staging.
-    if problems := [p for p in distributed.gather_objects(problem) if p]:
+    # Also the barrier: every local rank 0 has finished staging (untimed: copying is slow).
+    if problems := [p for p in distributed.gather_objects(problem, io=True) if p]:
         raise DataError(problems[0])
     return task.datasets(data_dir)
 
@@ -247,18 +245,11 @@ class Trainer:
         self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        self.net = task.build_model().to(device)
-        if cfg.model.channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
-        self.model: nn.Module = self.net
-        if denv.distributed:
-            self.model = DistributedDataParallel(
-                self.net,
-                device_ids=[device.index] if device.type == "cuda" else None,
-                find_unused_parameters=cfg.dist.find_unused_parameters,
-            )
-        if cfg.model.compile:
-            self.model = torch.compile(self.model)
+        self.strategy = strategy.create(cfg, denv, device)  # ddp or fsdp: nothing else knows
+        self.net, self.model = self.strategy.setup(task)
+        self.checkpoints = checkpoint_io.Checkpointer(
+            self.ckpt_dir, self.strategy, denv, cfg.run.keep_checkpoints, self.say
+        )
         self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
         self.scheduler = task.schedule(self.optimizer, self.total_steps)
@@ -306,7 +297,8 @@ class Trainer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        """Shut the DataLoader workers down, close the metrics and unlock (also after an error)."""
+        """Finish a background save, shut the DataLoader workers down, close the metrics, unlock."""
+        self.checkpoints.close()
         self.batches.close()
         if self.metrics is not None:  # closed by `report` already, unless training failed
             self.metrics.close()
@@ -314,6 +306,7 @@ class Trainer:
         # it is not the group's last owner: gloo's destructor joins threads that may need the
         # GIL, and in a reducer's teardown that deadlocked the process at exit.
         self.model = self.net
+        self.strategy.release()
         self._held.close()
 
     # --- checkpoints --------------------------------------------------------------------
@@ -322,8 +315,10 @@ class Trainer:
         self.window: list[Any] = [torch.zeros((), device=self.device), 0]  # see _loop
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
-        distributed.barrier()
-        state = checkpoint.load_latest(self.ckpt_dir)
+        distributed.barrier(io=True)  # deleting a large stale folder may take a while
+        own_id = checkpoint.run_id(self.run_dir) if self.denv.is_main else None
+        self.checkpoints.run_id = distributed.broadcast_object(own_id)
+        state = self.checkpoints.load_latest(self.net, self.optimizer)
         if state is None:
             self.say(f"run {self.name}: no checkpoint in {self.ckpt_dir}, starting fresh")
             if self.cfg.model.init_from:
@@ -335,8 +330,16 @@ class Trainer:
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
         check_same_data(state.get("data"), self.data_digest, self.name, self.task.processed_dir)
-        checkpoint.load_model(self.net, state["model"], f"run {self.name}'s checkpoint")
-        optim.restore(self.optimizer, self.scheduler, state, self.name)
+        if state.get("strategy", "ddp") != self.strategy.name:
+            raise CheckpointError(
+                f"dist.strategy: run {self.name}'s checkpoint was written with "
+                f"{state.get('strategy', 'ddp')!r}; resume it with that strategy"
+            )
+        if state.get("frozen") and self.cfg.model.init_from:  # the base it left out
+            self.load_initial_weights(Path(self.cfg.model.init_from))
+        source = f"run {self.name}'s checkpoint"
+        load = partial(self.strategy.load, self.net, self.optimizer, state, source)
+        optim.restore(self.optimizer, self.scheduler, state, self.name, load)
         self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
         self.tracker_saved = state.get("tracker")
@@ -345,9 +348,14 @@ class Trainer:
         self.restore_order(state)
         for change in _config_changes(state["config"], to_dict(self.cfg)):
             self.say(f"note: config changed since the checkpoint, applies from here: {change}")
+        resharded = (
+            f", written by {state['world_size']} process(es), resharded to {self.denv.world_size}"
+            if self.strategy.sharded and state["world_size"] != self.denv.world_size
+            else ""
+        )
         self.say(
             f"run {self.name}: resumed from step {self.pos.step} "
-            f"(epoch {self.pos.epoch}, batch {self.pos.batch})"
+            f"(epoch {self.pos.epoch}, batch {self.pos.batch}{resharded})"
         )
         return True
 
@@ -389,54 +397,50 @@ class Trainer:
         )
         self.say(f"initial weights from {path}")
 
-    def weights_finite(self) -> bool:
-        """Whether every weight is finite (the same on every rank: DDP keeps them equal)."""
-        params = [p.detach() for p in self.net.parameters()]
-        return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
-
-    def save_checkpoint(self) -> bool:
+    def save_checkpoint(self, background: bool = False) -> bool:
         """Write a checkpoint for the current step (every rank calls this).
 
         Returns False, writing nothing, when the weights are no longer finite: the last
-        finite checkpoint is never replaced by a diverged one.
+        finite checkpoint is never replaced by a diverged one. `background`: written while
+        training goes on, when `run.async_checkpoint` is set.
         """
         if self.saved_step == self.pos.step:
             return True
-        if not self.weights_finite():
+        if not self.strategy.all_finite(self.net):
             return False
         start = time.perf_counter()
         # Each process's random state, and its part of the next train row's mean loss.
         window = [self.window[0].cpu(), self.window[1]]
         rngs = distributed.gather_objects({**rng_state(self.device), "loss_window": window})
-        if self.denv.is_main:
-            state = {
-                "model": self.net.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "position": asdict(self.pos),
-                "rng": rngs,
-                "world_size": self.denv.world_size,
-                "batch_size": self.cfg.train.batch_size,
-                "config": to_dict(self.cfg),
-                "data": self.data_digest,
-                "best": self.best,
-                "seconds": self.run_seconds(),
-                "tracker": self.metrics.tracker_state() if self.metrics else None,
-            }
-            checkpoint.save(state, self.ckpt_dir, self.pos.step, self.cfg.run.keep_checkpoints)
+        frozen = self.strategy.frozen_keys(self.net)
+        digest = self.strategy.frozen_digest(self.net, frozen) if frozen else ""
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "position": asdict(self.pos),
+            "rng": rngs,
+            "world_size": self.denv.world_size,
+            "batch_size": self.cfg.train.batch_size,
+            "config": to_dict(self.cfg),
+            "data": self.data_digest,
+            "best": self.best,
+            "seconds": self.run_seconds(),
+            "tracker": self.metrics.tracker_state() if self.metrics else None,
+            "strategy": self.strategy.name,
+            "frozen": {"keys": frozen, "digest": digest} if frozen else None,
+        }
+        background = background and self.cfg.run.async_checkpoint
+        self.checkpoints.save(self.pos.step, self.net, self.optimizer, extra, background)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
-        distributed.barrier()
         self.timers.add("checkpoint", start)
         return True
 
     # --- one step -----------------------------------------------------------------------
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         """Loss of one micro-batch, gradients accumulated (all-reduced only when `sync`)."""
-        no_sync = self.model.no_sync if self.denv.distributed and not sync else nullcontext
         if self.cfg.model.channels_last:
             batch = to_device(batch, self.device, channels_last=True)
-        with no_sync():
+        with self.strategy.sync(sync):
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
                 loss = self.task.loss(self.model, batch)
             if loss.dim() != 0:
@@ -452,15 +456,9 @@ class Trainer:
 
         The gradient norm is kept for the log (`log_now`); it stays on the device until then.
         """
-        if self.cfg.train.grad_clip > 0:
+        if self.cfg.train.grad_clip > 0 or log_now:
             self.scaler.unscale_(self.optimizer)
-            self.grad_norm = nn.utils.clip_grad_norm_(
-                self.net.parameters(), self.cfg.train.grad_clip
-            )
-        elif log_now:
-            self.scaler.unscale_(self.optimizer)
-            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
-            self.grad_norm = nn.utils.get_total_norm(grads)
+            self.grad_norm = self.strategy.grad_norm(self.net, self.cfg.train.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -503,9 +501,11 @@ class Trainer:
         if self.best is not None and not (value < self.best if lower else value > self.best):
             return  # only a strict improvement replaces the best
         self.best = value
+        weights = self.strategy.full_weights(self.net)  # fsdp: gathered onto rank 0
         if self.denv.is_main:
-            best = {"model": self.net.state_dict(), "step": self.pos.step, name: value}
+            best = {"model": weights, "step": self.pos.step, name: value}
             checkpoint.save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
+        self.checkpoints.barrier()  # the others wait for the write outside any timed collective
 
     def run_seconds(self) -> dict[str, float]:
         """Seconds per activity (and wall) of the whole run so far: earlier segments and this."""
@@ -532,7 +532,8 @@ class Trainer:
                 ],
                 self.device,
             )
-        if (planned or stop or time_due) and not self.save_checkpoint():
+        # The save before an exit is written at once; the others may go to the background.
+        if (planned or stop or time_due) and not self.save_checkpoint(not (stop or segment)):
             return "diverged"
         if stop and self.pos.step < self.total_steps:  # a signal after the last step: done
             return "stop"
@@ -576,6 +577,7 @@ class Trainer:
         progress.close()
         if outcome != "diverged" and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
+        self.checkpoints.barrier()  # a background save is complete before the run reports
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
         if outcome == "diverged":

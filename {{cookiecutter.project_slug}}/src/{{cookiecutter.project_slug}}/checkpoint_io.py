@@ -1,0 +1,237 @@
+"""Writing and reading the training state with every process, in the foreground or background.
+
+`ddp`: the state is the same in every process, so rank 0 writes one `step-<N>.pt` file (one
+writer is as fast as several for replicated data, and one file loads memory-mapped). `fsdp`:
+each process holds a different part, so every process writes its shards in parallel with
+torch.distributed.checkpoint (DCP) into `.step-<N>.dcp.tmp/`, which rank 0 renames to
+`step-<N>.dcp` once every file is written and its checksum recorded. DCP stores tensors by
+parameter name and slice, so a run can resume with another number of processes.
+
+Waiting for another rank's reading or writing happens in the untimed I/O group
+(`distributed.io_group`), never in a collective under `dist.timeout_minutes`: a slow disk makes
+a checkpoint slow, not the run dead. A background save (`run.async_checkpoint`) first copies
+the state (DCP's staging; a CPU copy for a file) and then writes while training goes on; at
+most one is in flight, and every other use of the I/O group waits for it first.
+"""
+
+import shutil
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from . import checkpoint, distributed
+from .distributed import DistEnv
+from .errors import CheckpointError, NoIntactCheckpointError
+from .strategy import Strategy
+
+
+def staged(obj: Any) -> Any:
+    """A copy of `obj` whose tensors live on the CPU and no longer change with training."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {key: staged(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(staged(value) for value in obj)
+    return obj
+
+
+class Checkpointer:
+    """Saves and loads the checkpoints of one run (every rank has one)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        strategy: Strategy,
+        denv: DistEnv,
+        keep: int,
+        say: Callable[[str], None],
+    ) -> None:
+        """Nothing is read or written yet; `run_id` is set before the first save or load."""
+        self.directory, self.strategy, self.denv, self.keep, self.say = (
+            directory,
+            strategy,
+            denv,
+            keep,
+            say,
+        )
+        self.run_id = ""
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future[Any] | None = None
+
+    # --- saving -----------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        background: bool,
+    ) -> None:
+        """Write the checkpoint of `step`: model and optimizer state plus `extra` (all ranks)."""
+        self.wait()  # one save at a time, in order
+        if self.strategy.sharded:
+            self._save_shards(step, net, optimizer, extra, background)
+            return
+        if self.denv.is_main:
+            state = {**self.strategy.state(net, optimizer), **extra}
+            args = (self.directory, step, self.keep, self.run_id)
+            if background:
+                self._pending = self._pool.submit(checkpoint.save, staged(state), *args)
+            else:
+                checkpoint.save(state, *args)
+        if not background:
+            distributed.barrier(io=True)
+
+    def _save_shards(
+        self,
+        step: int,
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        background: bool,
+    ) -> None:
+        tmp = self.directory / f".step-{step:09d}.dcp.tmp"
+        if self.denv.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while writing
+            tmp.mkdir(parents=True)
+            checkpoint.save_atomic(extra, tmp / "meta.pt")
+        distributed.barrier(io=True)  # the folder exists before any rank writes into it
+        tensors = self.strategy.state(net, optimizer)
+        if not self.denv.distributed:  # one process: DCP's own threads would warn about that
+            if background:
+                self._pending = self._pool.submit(self._write_alone, staged(tensors), tmp, step)
+            else:
+                self._write_alone(tensors, tmp, step)
+            return
+        io = distributed.io_group()
+        if background:  # returns once the state is staged; the writing goes on in a thread
+            written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io)
+            self._pending = self._pool.submit(self._seal, tmp, step, written)
+        else:
+            dcp.save(tensors, checkpoint_id=tmp, process_group=io)
+            self._seal(tmp, step)
+
+    def _write_alone(self, tensors: dict[str, Any], tmp: Path, step: int) -> None:
+        with checkpoint.alone():
+            dcp.save(tensors, checkpoint_id=tmp, no_dist=True)
+        self._seal(tmp, step)
+
+    def _seal(self, tmp: Path, step: int, written: Any = None) -> None:
+        """Checksums of every file, then rank 0 renames the folder into place and prunes."""
+        if written is not None:
+            written.result()  # DCP's rank 0 writes its metadata after every rank's shards
+        rank, main = self.denv.rank, self.denv.is_main
+        # Each rank hashes the files it wrote (`__<rank>_*`), rank 0 also the shared ones.
+        mine = {
+            f.name: checkpoint.file_digest(f)
+            for f in sorted(tmp.iterdir())
+            if f.name.startswith(f"__{rank}_") or (main and not f.name.startswith("__"))
+        }
+        files = {
+            k: v for part in distributed.gather_objects(mine, io=True) for k, v in part.items()
+        }
+        if main:
+            checkpoint.write_manifest(tmp, files, self.run_id)
+            final = self.directory / f"step-{step:09d}.dcp"
+            if final.exists():  # a damaged one of this step that the run resumed before
+                checkpoint.remove(final)
+            tmp.replace(final)
+            checkpoint.fsync_dir(self.directory)
+            checkpoint.prune(self.directory, step, self.keep)
+        distributed.barrier(io=True)
+
+    def wait(self) -> None:
+        """Finish the background save in flight, if any (its errors are raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def barrier(self) -> None:
+        """Wait for the other ranks after one rank's file I/O (untimed; saves finished first)."""
+        self.wait()
+        distributed.barrier(io=True)
+
+    def close(self) -> None:
+        """Finish a background save and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown()
+
+    # --- loading ----------------------------------------------------------------------
+    def load_latest(
+        self, net: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
+        """The newest intact checkpoint of this run, its tensors read into a state for `net`.
+
+        A damaged checkpoint is skipped with one line naming the file and the reason; when
+        checkpoints exist but none is intact, NoIntactCheckpointError (the run must not silently
+        start from scratch); a checkpoint of another run, CheckpointError.
+        """
+        self.wait()
+        found = checkpoint.list_checkpoints(self.directory)
+        for _, path in reversed(found):
+            if (state := self._read(path, net, optimizer)) is not None:
+                return state
+        if found:
+            raise NoIntactCheckpointError(
+                f"none of the {len(found)} checkpoint(s) in {self.directory} is intact (see the "
+                "warnings above); not starting from scratch: restore a good copy, or move them "
+                "away to start the run again"
+            )
+        return None
+
+    def _agreed(self, problem: str | None) -> str | None:
+        """The first rank's problem, on every rank (waits untimed: ranks may read for long)."""
+        return next((p for p in distributed.gather_objects(problem, io=True) if p), None)
+
+    def _read(
+        self, path: Path, net: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
+        problem = None
+        try:
+            manifest = checkpoint.read_manifest(path)
+        except CheckpointError as err:
+            problem = str(err)
+        else:
+            if manifest["run_id"] != self.run_id:
+                raise CheckpointError(
+                    f"{path} belongs to another run (id {manifest['run_id']}, this run's is "
+                    f"{self.run_id}); move it away or use another run.name"
+                )
+            names = sorted(manifest["sha256"])  # each rank checks a share of the files
+            share = names[self.denv.rank :: self.denv.world_size]
+            problem = checkpoint.damaged(path, share, manifest["sha256"])
+        state = None
+        if not (problem := self._agreed(problem)):
+            try:
+                state = self._load(path, net, optimizer)
+            except Exception as err:  # any unreadable content: the next one
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                problem = f"{path}: {first}"
+            problem = self._agreed(problem)
+        if problem:
+            self.say(f"warning: skipping a checkpoint: {problem}")
+            return None
+        return state
+
+    def _load(self, path: Path, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if not path.is_dir():
+            return checkpoint.load(path)
+        if not self.strategy.sharded:
+            raise CheckpointError(
+                f"{path} holds sharded state (dist.strategy = 'fsdp'); resume with fsdp"
+            )
+        meta: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
+        tensors = self.strategy.state(net, optimizer)  # the shards this process holds
+        io, solo = distributed.io_group(), not self.denv.distributed
+        with checkpoint.alone() if solo else nullcontext():
+            dcp.load(tensors, checkpoint_id=path, process_group=io, no_dist=solo)
+        return {**meta, **tensors}

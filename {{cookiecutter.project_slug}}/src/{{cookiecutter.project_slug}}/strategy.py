@@ -1,0 +1,284 @@
+"""How the model is spread over the processes (`dist.strategy`): the one place that knows.
+
+`ddp` (the default) keeps a whole copy of the model, its gradients and its optimizer state in
+every process and averages the gradients (DistributedDataParallel); best while all of that fits
+one GPU. `fsdp` (FSDP2, `fully_shard`) keeps only 1/N of each in each of N processes and gathers
+a block's parameters just while that block runs: the model may be N times bigger, at the price
+of more communication. The loop asks a strategy to build the model, to skip the gradient sync
+on inner accumulation steps, for the gradient norm and for the checkpoint state; it never
+asks which strategy it has.
+"""
+
+import hashlib
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+from . import distributed
+from .checkpoint import load_model
+from .config import Config
+from .distributed import DistEnv
+from .errors import CheckpointError, ConfigError
+from .runtime import autocast_dtype
+from .task import Task
+
+
+def place(net: nn.Module, device: torch.device) -> nn.Module:
+    """Move a model built on the CPU to `device`; leave one that placed itself as it is.
+
+    A task may build a model that already lives where it must (e.g. a quantised base that
+    its library put on the GPU): moving such a model again fails or undoes the quantisation.
+    """
+    tensors = [*net.parameters(), *net.buffers()]
+    if all(t.device.type == "cpu" for t in tensors):
+        return net.to(device)
+    return net
+
+
+def recompute_in_backward(block: nn.Module) -> None:
+    """Activation checkpointing: keep only the block's input, recompute the rest in backward.
+
+    The forward is replaced on the instance, not wrapped in another module, so parameter
+    names (and with them checkpoints and `model.init_from` files) stay as they were.
+    """
+    forward: Callable[..., Any] = block.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        # use_reentrant=False: the recommended variant; works with keyword arguments and
+        # inputs that need no gradient. The RNG state is restored, so dropout repeats exactly.
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed
+
+
+def tensor_digest(named: Iterator[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over names, shapes, dtypes and bytes of full tensors, in the given order."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        data = full.detach().cpu().contiguous()
+        digest.update(f"{name}:{list(data.shape)}:{data.dtype};".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+class Strategy:
+    """`ddp` (and a single process): every process holds the whole model."""
+
+    name = "ddp"
+    sharded = False  # whether each process holds only a part of the state (DCP checkpoints)
+
+    def __init__(self, cfg: Config, denv: DistEnv, device: torch.device) -> None:
+        """Remember the settings; nothing is built yet."""
+        self.cfg, self.denv, self.device = cfg, denv, device
+        self.frozen_at_build: set[str] = set()
+        self._digests: dict[tuple[str, ...], str] = {}
+        self._ddp: DistributedDataParallel | None = None
+
+    def setup(self, task: Task) -> tuple[nn.Module, nn.Module]:
+        """Build the task's model: (the model itself, the wrapped one that runs the steps)."""
+        net = self.materialise(task)
+        if self.cfg.model.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        # Parameters frozen from the start never change: checkpoints store a digest of them
+        # instead of the weights (a frozen base under LoRA adapters: most of the model).
+        self.frozen_at_build = {n for n, p in net.named_parameters() if not p.requires_grad}
+        blocks = task.blocks(net)
+        if self.cfg.train.activation_checkpointing == "blocks":
+            if not blocks:
+                raise ConfigError(
+                    f"train.activation_checkpointing: task {task.name} names no blocks "
+                    "(override Task.blocks, or use 'none')"
+                )
+            for block in blocks:
+                recompute_in_backward(block)
+        model = self.wrap(net, blocks)
+        if self.cfg.model.compile:
+            model = torch.compile(model)
+        return net, model
+
+    def materialise(self, task: Task) -> nn.Module:
+        """The task's model with its initial weights, on this process's device."""
+        return place(task.build_model(), self.device)
+
+    def wrap(self, net: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+        """DDP around the model when there are several processes."""
+        del blocks  # DDP replicates the whole model
+        if not self.denv.distributed:
+            return net
+        ddp = DistributedDataParallel(
+            net,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=self.cfg.dist.find_unused_parameters,
+        )
+        self._ddp = ddp
+        return ddp
+
+    def sync(self, sync: bool) -> AbstractContextManager[Any]:
+        """Context of one backward pass: gradients all-reduced only when `sync`."""
+        if self._ddp is not None and not sync:
+            no_sync: AbstractContextManager[Any] = self._ddp.no_sync()
+            return no_sync
+        return nullcontext()
+
+    def release(self) -> None:
+        """Drop the DDP wrapper (its reducer holds the process group) before the group goes."""
+        self._ddp = None
+
+    def grad_norm(self, net: nn.Module, clip: float) -> torch.Tensor:
+        """The total gradient norm of the model; gradients scaled down to `clip` when > 0."""
+        params = [p for p in net.parameters() if p.grad is not None]
+        norm = nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):  # sharded gradients: the sum of the shards' squares
+            norm = norm.full_tensor()
+        if clip > 0:
+            nn.utils.clip_grads_with_norm_(params, clip, norm)
+        return norm
+
+    def local_finite(self, net: nn.Module) -> bool:
+        """Whether this process's weights (or its shards of them) are all finite."""
+        params = [
+            (p.to_local() if isinstance(p, DTensor) else p).detach() for p in net.parameters()
+        ]
+        return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+    def all_finite(self, net: nn.Module) -> bool:
+        """Whether every weight is finite (DDP keeps the copies equal: no collective)."""
+        return self.local_finite(net)
+
+    # --- checkpoint state -------------------------------------------------------------
+    def frozen_keys(self, net: nn.Module) -> list[str]:
+        """Parameters frozen since the model was built: left out of checkpoints."""
+        return sorted(
+            n
+            for n, p in net.named_parameters()
+            if n in self.frozen_at_build and not p.requires_grad
+        )
+
+    def frozen_digest(self, net: nn.Module, keys: Collection[str]) -> str:
+        """Digest of the frozen parameters `keys` (cached: frozen weights do not change)."""
+        index = tuple(sorted(keys))
+        if index not in self._digests:
+            params = dict(net.named_parameters())
+            self._digests[index] = tensor_digest((k, params[k]) for k in index)
+        return self._digests[index]
+
+    def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Model (without frozen parameters) and optimizer state, as this strategy saves them."""
+        skip = set(self.frozen_keys(net))
+        weights = {k: v for k, v in net.state_dict().items() if k not in skip}
+        return {"model": weights, "optimizer": optimizer.state_dict()}
+
+    def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights on the CPU of rank 0 (every rank calls this)."""
+        weights: dict[str, torch.Tensor] = net.state_dict()
+        return weights
+
+    def load(
+        self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
+    ) -> None:
+        """Load a checkpoint's model and optimizer state (read by `checkpoint_io`)."""
+        frozen = (state.get("frozen") or {}).get("keys", [])
+        load_model(net, state["model"], source, skip=frozen)
+        self.check_frozen(net, state.get("frozen"), source)
+        optimizer.load_state_dict(state["optimizer"])
+
+    def check_frozen(self, net: nn.Module, frozen: dict[str, Any] | None, source: str) -> None:
+        """Refuse a checkpoint whose frozen base is not the one this model was built with."""
+        if not frozen or not frozen["keys"]:
+            return
+        if self.frozen_digest(net, frozen["keys"]) != frozen["digest"]:
+            raise CheckpointError(
+                f"{source}: the {len(frozen['keys'])} frozen parameters it left out differ "
+                "from those of the model built now (another base model, model.init_from or "
+                "task?); it cannot be resumed with them"
+            )
+
+
+class FSDP(Strategy):
+    """`fsdp`: parameters, gradients and optimizer state sharded over the processes (FSDP2)."""
+
+    name = "fsdp"
+    sharded = True
+
+    def __init__(self, cfg: Config, denv: DistEnv, device: torch.device) -> None:
+        """Check the settings FSDP needs."""
+        super().__init__(cfg, denv, device)
+        dtype = autocast_dtype(cfg.train.precision, device)
+        if dtype == torch.float16:  # loss scaling of sharded gradients: not supported here
+            raise ConfigError("train.precision: fp16 is not supported with fsdp; use bf16")
+        # bf16 parameters for compute and communication, gradients reduced in fp32: the
+        # precision FSDP recommends; the sharded master weights and optimizer stay fp32.
+        self.policy = MixedPrecisionPolicy(
+            param_dtype=dtype, reduce_dtype=torch.float32 if dtype is not None else None
+        )
+
+    def materialise(self, task: Task) -> nn.Module:
+        """The model on the CPU: `fully_shard` moves only this process's shards to the device."""
+        return task.build_model()
+
+    def wrap(self, net: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+        """`fully_shard` each block, then the rest (one process: the model as it is)."""
+        if not self.denv.distributed:
+            return place(net, self.device)
+        mesh = init_device_mesh(self.device.type, (self.denv.world_size,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=self.policy)
+        fully_shard(net, mesh=mesh, mp_policy=self.policy)
+        return net
+
+    def sync(self, sync: bool) -> AbstractContextManager[Any]:
+        """Inner accumulation steps keep unreduced gradients; the last one reduce-scatters."""
+        if isinstance(self._root, FSDPModule):
+            self._root.set_requires_gradient_sync(sync)
+        return nullcontext()
+
+    def setup(self, task: Task) -> tuple[nn.Module, nn.Module]:
+        """As for ddp; the sharded root is kept for the sync switch."""
+        net, model = super().setup(task)
+        self._root = net
+        return net, model
+
+    def all_finite(self, net: nn.Module) -> bool:
+        """Whether every shard on every process is finite (one all-reduce)."""
+        return not distributed.any_rank([not self.local_finite(net)], self.device)[0]
+
+    def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Sharded state keyed by parameter names: it loads into any number of processes."""
+        skip = set(self.frozen_keys(net))
+        weights = {k: v for k, v in get_model_state_dict(net).items() if k not in skip}
+        return {"model": weights, "optimizer": get_optimizer_state_dict(net, optimizer)}
+
+    def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """Gathered shard by shard into rank 0's CPU memory (the other ranks get nothing)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights: dict[str, torch.Tensor] = get_model_state_dict(net, options=options)
+        return weights
+
+    def load(
+        self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
+    ) -> None:
+        """Load the state `checkpoint_io` read into the sharded skeleton of `state`."""
+        set_model_state_dict(net, state["model"], options=StateDictOptions(strict=False))
+        self.check_frozen(net, state.get("frozen"), source)
+        set_optimizer_state_dict(net, optimizer, state["optimizer"])
+
+
+def create(cfg: Config, denv: DistEnv, device: torch.device) -> Strategy:
+    """The strategy named by `dist.strategy`."""
+    return {"ddp": Strategy, "fsdp": FSDP}[cfg.dist.strategy](cfg, denv, device)

@@ -1,0 +1,322 @@
+"""dist.strategy = fsdp with two CPU processes (gloo): the loss of ddp, sharded checkpoints that
+resume bit-exactly (also from background saves and on one process), slow and killed saves."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import pkg
+from test_ddp import free_job_id, srun_like, train_losses
+
+checkpoint = pkg("checkpoint")
+TOWER = [
+    "task.name=toy_tasks.tower",
+    "model.depth=3",
+    "train.epochs=2",  # 13 steps per epoch with 2 x 16 samples per step
+    "run.log_every_steps=1",
+    "run.best_metric=loss",
+]
+
+
+def finish(procs: list[subprocess.Popen[str]], codes: tuple[int, int] = (0, 0)) -> str:
+    """Wait for both ranks; rank 0's output (rank 1 stays silent)."""
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert tuple(p.returncode for p in procs) == codes, "".join(outs)
+    return outs[0]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    return state["model"]
+
+
+@pytest.mark.slow
+def test_fsdp_follows_ddp_and_resumes_bit_exactly(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = project / "runs"
+    both = [
+        srun_like(project, free_job_id(), *TOWER, "run.name=d"),
+        srun_like(project, free_job_id(), *TOWER, "run.name=f", "dist.strategy=fsdp"),
+    ]
+    for procs in both:
+        finish(procs)
+    # Sharded gradients are reduced in another order than DDP's all-reduce: equal up to
+    # rounding, which stays far below 1e-4 relative over these 26 steps.
+    ddp, fsdp = train_losses(runs / "d"), train_losses(runs / "f")
+    assert len(fsdp) == 26
+    assert fsdp == pytest.approx(ddp, rel=1e-4)
+    # best.pt holds whole tensors, gathered from the shards: it loads into an unsharded model.
+    best = torch.load(runs / "f" / "best.pt", weights_only=True)["model"]
+    final = weights(runs / "f")
+    assert {k: v.shape for k, v in best.items()} == {k: v.shape for k, v in final.items()}
+
+    # The same fsdp run in segments: background saves every 3 steps, a synchronous one at
+    # each segment's end. The step-8 checkpoint is dropped as if the job had been killed
+    # before it, so the second segment resumes from the background save of step 6.
+    fsdp_args = [*TOWER, "run.name=s", "dist.strategy=fsdp"]
+    background = ["run.async_checkpoint=true", "run.checkpoint_every_steps=3"]
+    finish(
+        srun_like(project, free_job_id(), *fsdp_args, *background, "run.max_steps_this_segment=8")
+    )
+    assert [s for s, _ in checkpoint.list_checkpoints(runs / "s" / "checkpoints")] == [3, 6, 8]
+    checkpoint.remove(runs / "s" / "checkpoints" / "step-000000008.dcp")
+    out = finish(srun_like(project, free_job_id(), *fsdp_args, "run.max_steps_this_segment=5"))
+    assert "resumed from step 6" in out
+    out = finish(srun_like(project, free_job_id(), *fsdp_args))
+    assert "resumed from step 11" in out
+    final = weights(runs / "s")
+    assert final.keys() == weights(runs / "f").keys()
+    for key, value in weights(runs / "f").items():
+        assert torch.equal(final[key], value), key
+
+    # A flipped byte in one rank's shard: found, named, and the previous checkpoint is used.
+    newest = checkpoint.list_checkpoints(runs / "f" / "checkpoints")[-1][1]
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert checkpoint.load_latest(runs / "f" / "checkpoints")["position"]["step"] < 26
+    assert f"{shard}: checksum mismatch" in capsys.readouterr().err
+
+    # The two-process checkpoint resumes in one process: resharded, and said so.
+    load, train = pkg("config").load_config, pkg("trainer").train
+    cfg = load(
+        None,
+        [
+            *fsdp_args[:2],
+            "run.name=s",
+            "dist.strategy=fsdp",
+            "train.epochs=3",
+            "train.batch_size=32",
+            "data.verify_raw=false",
+            "run.figures=false",
+            "model.hidden=32",
+            "model.dropout=0.0",
+        ],
+    )
+    assert train(cfg).exit_code == 0
+    assert "written by 2 process(es), resharded to 1" in capsys.readouterr().out
+    assert checkpoint.load_latest(runs / "s" / "checkpoints")["position"]["step"] == 39
+
+
+SLOW_HASH = """
+import os, time
+if os.environ.get("SLURM_PROCID") == "0":
+    from {package} import checkpoint
+    digest, slow = checkpoint.file_digest, set()
+    def file_digest(path):
+        if path.parent not in slow:  # once per checkpoint: a disk far slower than the timeout
+            slow.add(path.parent)
+            time.sleep(float(os.environ["SLOW_SAVE_S"]))
+        return digest(path)
+    checkpoint.file_digest = file_digest
+"""
+
+
+@pytest.mark.slow
+def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fault injection without a hook in the package: a sitecustomize module on the children's
+    # path makes rank 0's checksum pass (part of every save) take longer than the timeout.
+    hook = tmp_path_factory.mktemp("slow")
+    (hook / "sitecustomize.py").write_text(SLOW_HASH.format(package=checkpoint.__package__))
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.setenv("SLOW_SAVE_S", "15")
+    ckpt_dir = project / "runs" / "slow" / "checkpoints"
+    procs = srun_like(
+        project,
+        free_job_id(),
+        *TOWER,
+        "run.name=slow",
+        "dist.strategy=fsdp",
+        "dist.timeout_minutes=0.2",  # 12 s: shorter than the save
+        "run.checkpoint_every_steps=4",
+        "train.epochs=100",
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (ckpt_dir / ".step-000000008.dcp.tmp").exists():  # the second save began
+            assert all(p.poll() is None for p in procs), finish(procs)
+            assert time.monotonic() < deadline, "no second save"
+            time.sleep(0.1)
+        assert [s for s, _ in checkpoint.list_checkpoints(ckpt_dir)] == [4]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)  # during the second (slow) save
+            p.communicate(timeout=60)
+    state = checkpoint.load_latest(ckpt_dir)  # verified against its manifest
+    assert state["position"]["step"] == 4
+
+
+def test_damaged_foreign_and_unreadable_checkpoints(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load, train = pkg("config").load_config, pkg("trainer").train
+    errors = pkg("errors")
+    args = [
+        "task.name=toy_tasks.blobs",
+        "data.verify_raw=false",
+        "run.figures=false",
+        "model.hidden=16",
+        "train.batch_size=32",
+        "run.checkpoint_every_steps=2",
+        "run.max_steps_this_segment=6",
+    ]
+    train(load(None, [*args, "run.name=t"]))
+    ckpt_dir = project / "runs" / "t" / "checkpoints"
+    found = [p for _, p in checkpoint.list_checkpoints(ckpt_dir)]
+    assert len(found) == 3
+    data = bytearray(found[-1].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    found[-1].write_bytes(bytes(data))
+    capsys.readouterr()
+    train(load(None, [*args, "run.name=t"]))
+    out = capsys.readouterr().out
+    assert f"warning: skipping a checkpoint: {found[-1]}: checksum mismatch" in out
+    assert "resumed from step 4" in out
+
+    # Another run's checkpoint in this run's folder is refused, not resumed.
+    train(load(None, [*args, "run.name=u"]))
+    other = project / "runs" / "u" / "checkpoints"
+    for _, path in checkpoint.list_checkpoints(ckpt_dir)[-1:]:
+        for file in (path, checkpoint.manifest_path(path)):
+            (other / file.name.replace("step-0", "step-1")).write_bytes(file.read_bytes())
+    with pytest.raises(errors.CheckpointError, match="belongs to another run"):
+        train(load(None, [*args, "run.name=u"]))
+
+    # Every checkpoint damaged: a distinct exit code, not a fresh start.
+    for _, path in checkpoint.list_checkpoints(ckpt_dir):
+        path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(errors.NoIntactCheckpointError) as caught:
+        train(load(None, [*args, "run.name=t"]))
+    assert caught.value.exit_code == 5
+
+
+def test_a_frozen_base_is_left_out_of_checkpoints_and_checked_by_digest(project: Path) -> None:
+    load, train = pkg("config").load_config, pkg("trainer").train
+    args = [
+        "task.name=toy_tasks.tower",
+        "task.adapter_rank=2",
+        "data.verify_raw=false",
+        "run.figures=false",
+        "model.hidden=256",
+        "model.depth=4",
+        "train.batch_size=32",
+        "run.max_steps_this_segment=2",
+        "run.name=lora",
+    ]
+    train(load(None, args))
+    [(_, path)] = checkpoint.list_checkpoints(project / "runs" / "lora" / "checkpoints")
+    state = checkpoint.load(path)
+    task = pkg("task").load_task(load(None, args), pkg("settings").get_settings())
+    model = task.build_model()
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    assert state["model"].keys() == trainable.keys()
+    assert sorted(state["frozen"]["keys"]) == sorted(
+        n for n, p in model.named_parameters() if not p.requires_grad
+    )
+    # Weights and two Adam moments of what trains; the base (98% of the weights) is absent.
+    stored = 3 * 4 * sum(trainable.values())
+    full = stored + 4 * frozen  # what the checkpoint would hold with the base
+    assert stored < path.stat().st_size < stored + 64 * 1024
+    assert path.stat().st_size < 0.1 * full
+    assert (
+        train(load(None, [*args, "run.max_steps_this_segment=0", "train.epochs=1"])).exit_code == 0
+    )
+    # Another base (another seed builds other frozen weights): refused.
+    with pytest.raises(pkg("errors").CheckpointError, match="frozen parameters"):
+        train(load(None, [*args, "run.seed=1", "train.epochs=2"]))
+
+
+def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
+    """One rank: build the tower with `strategy`, take a step, write its local state bytes."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    distributed, config = pkg("distributed"), pkg("config")
+    denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
+    distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
+    cfg = config.load_config(
+        None,
+        [
+            "task.name=toy_tasks.tower",
+            "model.hidden=512",
+            "model.depth=8",
+            f"dist.strategy={strategy}",
+        ],
+    )
+    task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+    net, model = pkg("strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+    optimizer = torch.optim.AdamW(net.parameters())
+    model(torch.randn(4, 16)).sum().backward()
+    optimizer.step()
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    params = sum(local(p) for p in net.parameters())
+    moments = sum(local(v) for s in optimizer.state.values() for v in s.values() if v.dim())
+    (out / f"{strategy}-{rank}").write_text(str(params + moments))
+    distributed.shutdown()
+
+
+@pytest.mark.slow
+def test_fsdp_holds_half_the_model_and_optimizer_state_per_rank(tmp_path: Path) -> None:
+    # A 2.1M-parameter tower (25 MB of weights and Adam moments per ddp rank): enough to see
+    # the ratio, small enough for the CI machines.
+    for strategy in ("ddp", "fsdp"):
+        port = pkg("distributed").rendezvous_port(free_job_id(), 0)
+        mp.spawn(_state_bytes, args=(strategy, port, tmp_path), nprocs=2)
+    ddp, fsdp = (
+        {int((tmp_path / f"{s}-{r}").read_text()) for r in range(2)} for s in ("ddp", "fsdp")
+    )
+    assert len(ddp) == 1  # replicated
+    assert 0.49 < max(fsdp) / ddp.pop() < 0.52  # each rank holds its half (and some padding)
+
+
+def test_strategy_settings(project: Path) -> None:
+    load, train = pkg("config").load_config, pkg("trainer").train
+    config_error = pkg("errors").ConfigError
+    with pytest.raises(config_error, match=r"dist.strategy: must be one of \['ddp', 'fsdp'\]"):
+        load(None, ["dist.strategy=zero"])
+    args = ["data.verify_raw=false", "run.figures=false", "model.hidden=32", "train.epochs=1"]
+    # Without blocks there is nothing to recompute: one line instead of a silent no-op.
+    with pytest.raises(config_error, match=r"train.activation_checkpointing: task .* names no"):
+        train(
+            load(
+                None, ["task.name=toy_tasks.blobs", "train.activation_checkpointing=blocks", *args]
+            )
+        )
+    # Recomputed blocks: each block's inner layer runs again in backward, same gradients.
+    grads, calls = {}, {}
+    for mode in ("none", "blocks"):
+        cfg = load(None, ["task.name=toy_tasks.tower", f"train.activation_checkpointing={mode}"])
+        task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+        plan = pkg("strategy").create(cfg, pkg("distributed").DistEnv(), torch.device("cpu"))
+        torch.manual_seed(0)
+        net, model = plan.setup(task)
+        runs: list[int] = []
+        net.blocks[0].linear.register_forward_hook(lambda *_, runs=runs: runs.append(1))
+        model(torch.randn(8, 16)).sum().backward()
+        grads[mode], calls[mode] = [p.grad for p in net.parameters()], len(runs)
+    assert calls == {"none": 1, "blocks": 2}
+    for plain, recomputed in zip(grads["none"], grads["blocks"], strict=True):
+        assert torch.equal(plain, recomputed)
+
+
+def test_a_model_that_placed_itself_is_not_moved() -> None:
+    place = pkg("strategy").place
+    built_on_cpu = torch.nn.Linear(2, 2)
+    assert place(built_on_cpu, torch.device("meta")).weight.device.type == "meta"
+    # A part already elsewhere (e.g. a quantised base its library put on the GPU): left alone.
+    placed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    assert place(placed, torch.device("meta"))[0].weight.device.type == "cpu"
