@@ -151,6 +151,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "requests": "requests",
     "rpds": "rpds-py",
     "ruff": "ruff",
+    "safetensors": "safetensors",
     "setuptools": "setuptools",
     "smart_open": "smart-open",
     "smmap": "smmap",
