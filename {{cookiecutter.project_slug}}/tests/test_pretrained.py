@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from conftest import blobs, final_weights, pkg
+from conftest import assert_identical, blobs, final_weights, pkg, run_cli
 
 trainer, checkpoint, pretrained = pkg("trainer"), pkg("checkpoint"), pkg("pretrained")
+config = pkg("config")
 errors = pkg("errors")
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "model.hidden=16"]
 
@@ -106,3 +107,42 @@ def test_a_shape_mismatch_names_the_key(project: Path) -> None:
     task = blobs(*FAST, "run.name=wrong", "model.init_from=wrong.safetensors")
     with pytest.raises(errors.CheckpointError, match=r"shape 7\.weight \[3, 3\] vs \[4, 16\]"):
         trainer.train(task.cfg, task)
+
+
+# --- export ------------------------------------------------------------------------------
+def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> None:
+    export = pkg("export")
+    task = blobs(*FAST, "run.name=done", "train.epochs=2", "run.best_metric=loss")
+    trainer.train(task.cfg, task)
+    run_dir = project / "runs" / "done"
+    final = final_weights(run_dir)
+
+    out = run_cli("export", "--run", "done", project=project)
+    assert out.returncode == 0, out.stderr
+    folder = run_dir / "export"
+    assert f"wrote {folder / 'model.safetensors'} (final weights, fp32" in out.stdout
+    written = load_file(folder / "model.safetensors")
+    assert_identical(written, final)
+    saved = config.load_config(folder / "config.toml")
+    assert config.to_dict(saved) == config.to_dict(task.cfg)
+    # The export is a model folder that model.init_from reads.
+    assert_identical(pretrained.read_weights(folder), final)
+
+    half = export.export_run(run_dir, project / "half", "best", "bf16")
+    best = checkpoint.load(run_dir / "best.pt")["model"]
+    written = load_file(half / "model.safetensors")
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+    assert_identical(written, {k: v.to(torch.bfloat16) for k, v in best.items()})
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
+
+
+def test_export_without_weights_gets_one_line(project: Path) -> None:
+    task = blobs(*FAST, "run.name=plain", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    out = run_cli("export", "--run", "plain", "--weights", "best", project=project)
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert "best.pt: the run kept no best weights (run.best_metric)" in out.stderr
+    out = run_cli("export", "--run", "nothing", project=project)
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert "no checkpoint in" in out.stderr
+    assert not (project / "runs" / "plain" / "export").exists()

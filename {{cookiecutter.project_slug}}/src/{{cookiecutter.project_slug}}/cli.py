@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | doctor | data`.
+"""Command line: `<package> prepare | train | evaluate | export | doctor | data`.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -79,6 +79,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's final or best weights as one safetensors file, its config beside it."""
+    settings = get_settings()
+    from .evaluate import latest_run  # noqa: PLC0415  (imports torch)
+    from .export import MODEL_FILE, export_run  # noqa: PLC0415
+
+    if args.run:
+        check_run_name(args.run, "--run")
+    run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
+    out = args.out or run_dir / "export"
+    export_run(run_dir, out, args.weights, args.dtype)
+    size_mb = (out / MODEL_FILE).stat().st_size / 1e6
+    print(f"wrote {out / MODEL_FILE} ({args.weights} weights, {args.dtype}, {size_mb:.1f} MB)")
+    print(f"wrote {out / 'config.toml'}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
@@ -123,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--run", help="run name under runs/ (default: the newest run)")
     evaluate.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
     evaluate.set_defaults(func=cmd_evaluate)
+
+    export = sub.add_parser(
+        "export", help="write a run's weights as safetensors", description=cmd_export.__doc__
+    )
+    export.add_argument("--run", help="run name under runs/ (default: the newest run)")
+    export.add_argument(
+        "--weights",
+        default="final",
+        choices=["final", "best"],
+        help="final: the newest checkpoint; best: best.pt (run.best_metric)",
+    )
+    export.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    export.add_argument("--out", type=Path, help="output folder (default: runs/<run>/export)")
+    export.set_defaults(func=cmd_export)
 
     rawdata.add_data_command(sub)
     return parser

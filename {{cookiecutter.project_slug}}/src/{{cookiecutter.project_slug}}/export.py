@@ -1,0 +1,94 @@
+"""`export`: a run's weights as one safetensors file with the run's configuration beside it.
+
+For inference or sharing: `<out>/model.safetensors` holds every tensor of the model (fp32 or
+bf16), `<out>/config.toml` the configuration the run trained with, so the task's
+`build_model` rebuilds the network and `model.init_from = "<out>"` starts another run from it.
+safetensors holds tensors only: reading it runs no code, unlike a pickle.
+
+The weights come from `load_weights_for_run`, the one place that knows where a run keeps its
+final and best weights; it reads them through `checkpoint.py`'s public functions, so a change
+of the checkpoint format changes that function only.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint
+from .config import from_dict, to_toml
+from .errors import CheckpointError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MODEL_FILE = "model.safetensors"
+
+
+@dataclass
+class RunWeights:
+    """A run's full (unsharded) model weights on the CPU, with where they came from."""
+
+    weights: dict[str, torch.Tensor]
+    config: dict[str, Any]  # the run's configuration as `config.to_dict` wrote it
+    step: int
+    source: Path
+
+
+def load_weights_for_run(run_dir: Path, which: str = "final") -> RunWeights:
+    """The `final` weights (newest readable checkpoint) or the `best` ones (best.pt) of a run."""
+    if which == "best":
+        path = run_dir / "best.pt"
+        if not path.is_file():
+            raise CheckpointError(f"no {path}: the run kept no best weights (run.best_metric)")
+        state = checkpoint.load(path)
+        return RunWeights(state["model"], state["config"], int(state["step"]), path)
+    folder = run_dir / "checkpoints"
+    state = checkpoint.load_latest(folder)
+    if state is None:
+        raise CheckpointError(f"no checkpoint in {folder}: nothing to export")
+    step = int(state["position"]["step"])
+    return RunWeights(state["model"], state["config"], step, folder)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy; floating tensors in `dtype`, integer buffers (counters) as they are.
+
+    A copy for every tensor: safetensors refuses tensors that share memory (tied weights).
+    """
+    target = dtype if tensor.is_floating_point() else tensor.dtype
+    return tensor.detach().to(dtype=target, copy=True).contiguous()
+
+
+def export_run(run_dir: Path, out_dir: Path, which: str = "final", dtype: str = "fp32") -> Path:
+    """Write `out_dir/model.safetensors` and `out_dir/config.toml`; return `out_dir`.
+
+    Written into a temporary folder beside `out_dir` and renamed into place: an interrupted
+    export leaves the previous one (or none), never half a file.
+    """
+    # Imported here: only `export` needs it; every other command starts without it.
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    found = load_weights_for_run(run_dir, which)
+    tensors = {name: _cast(t, DTYPES[dtype]) for name, t in found.weights.items()}
+    config_text = to_toml(from_dict(found.config))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        metadata = {"run": run_dir.name, "step": str(found.step), "weights": which}
+        save_file(tensors, tmp / MODEL_FILE, metadata=metadata)
+        (tmp / "config.toml").write_text(config_text, encoding="utf-8")
+        for path in tmp.iterdir():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        if out_dir.exists():
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
