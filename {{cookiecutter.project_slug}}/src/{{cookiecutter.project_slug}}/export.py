@@ -45,11 +45,11 @@ def load_weights_for_run(run_dir: Path, which: str = "final") -> RunWeights:
         state = checkpoint.load(path)
         return RunWeights(state["model"], state["config"], int(state["step"]), path)
     folder = run_dir / "checkpoints"
-    state = checkpoint.load_latest(folder)
-    if state is None:
+    latest = checkpoint.load_latest(folder)
+    if latest is None:
         raise CheckpointError(f"no checkpoint in {folder}: nothing to export")
-    step = int(state["position"]["step"])
-    return RunWeights(state["model"], state["config"], step, folder)
+    step = int(latest["position"]["step"])
+    return RunWeights(latest["model"], latest["config"], step, folder)
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
