@@ -1,0 +1,83 @@
+"""The language-model example: its pretrained base, token shards, LoRA and text sample.
+
+Stopping and resuming it exactly, evaluating it and two processes are covered with the other
+shipped examples in test_tasks.py.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CORPUS, example_task, final_weights, pkg
+
+config, data, trainer = pkg("config"), pkg("data"), pkg("trainer")
+pretrained, settings = pkg("pretrained"), pkg("settings")
+TINY = [
+    "run.progress=log",
+    "data.verify_raw=false",
+    "task.name=lm",
+    "task.context=16",
+    "task.heads=2",
+    "task.pretrain_steps=5",
+    "model.hidden=16",
+    "model.depth=2",
+    "train.batch_size=16",
+]
+
+
+def load(*overrides: str):
+    cfg = config.load_config(None, [*TINY, *overrides])
+    return pkg("task").load_task(cfg, settings.get_settings())
+
+
+@pytest.fixture
+def lm_project(project: Path) -> Path:
+    if not example_task("lm"):
+        pytest.skip("the language-model example is not part of this project (any more)")
+    (project / "data" / "raw").mkdir(parents=True)
+    (project / "data" / "raw" / CORPUS.name).write_bytes(CORPUS.read_bytes())
+    return project
+
+
+def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: Path) -> None:
+    task = load()
+    line = data.prepare(task)
+    assert "base model pre-trained on 5743 tokens (5 steps)" in line
+    base = task.processed_dir / "base"
+    index = json.loads((base / pretrained.INDEX).read_text())
+    assert len(set(index["weight_map"].values())) == 2  # sharded, as a hub download is
+    base_weights = pretrained.read_weights(base)
+    assert base_weights.keys() == task.new_model().state_dict().keys()
+
+    # Windows come back from the memory-mapped shards as the text's bytes, shifted by one.
+    text = CORPUS.read_bytes()
+    windows = task.datasets(task.processed_dir).train
+    inputs, targets = windows[1]
+    start = 5743 + 16  # the second training window: one stride into the fine-tuning text
+    assert bytes(inputs.tolist()) == text[start : start + 16]
+    assert torch.equal(inputs[1:], targets[:-1])
+
+    tuned = load("run.name=lora", "task.lora_rank=2", "model.init_from=data/processed/lm/base")
+    result = trainer.train(tuned.cfg, tuned)
+    assert result.summary["status"] == "finished"
+    assert result.summary["val_perplexity"] > 1
+    final = final_weights(lm_project / "runs" / "lora")
+    for key, value in base_weights.items():
+        assert torch.equal(final[f"base.{key}"], value), key  # frozen: exactly the base
+    adapters = {k: v for k, v in final.items() if k.startswith("adapters.")}
+    assert len(adapters) == 2 * 2 * 2  # a and b of qkv and proj in each of the 2 blocks
+    assert all(v.abs().sum() > 0 for k, v in adapters.items() if k.endswith(".b"))  # trained
+    trained = sum(v.numel() for v in adapters.values())
+    assert trained < sum(v.numel() for v in base_weights.values()) / 5
+
+    sample = lm_project / "reports" / "figures" / "lora" / "sample.txt"
+    assert sample.read_text().startswith("--- 'The cluster' ---\nThe cluster")
+
+
+def test_a_base_of_another_size_is_refused_naming_a_key(lm_project: Path) -> None:
+    data.prepare(load())
+    task = load("run.name=wide", "model.hidden=32", "model.init_from=data/processed/lm/base")
+    with pytest.raises(pkg("errors").CheckpointError, match=r"shape embed\.weight \[256, 16\]"):
+        trainer.train(task.cfg, task)
