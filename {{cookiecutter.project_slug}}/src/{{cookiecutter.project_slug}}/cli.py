@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | export | doctor | data`.
+"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data`.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -96,6 +96,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Memory per GPU under ddp and fsdp, checkpoint size and save time, and advice."""
+    settings = get_settings()
+    cfg = _config(args, settings)
+    from .plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)
+
+    cluster = read_cluster(settings.project_root / "configs" / "cluster.toml")
+    if args.gpus:
+        cluster.nodes, cluster.gpus_per_node = 1, args.gpus
+    if args.gpu_memory:
+        cluster.gpu_gb, cluster.gpu_memory = args.gpu_memory, f"{args.gpu_memory:g}G (--gpu-memory)"
+    run_plan(cfg, settings, cluster, args.disk_mb)
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
@@ -126,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = [
         ("prepare", cmd_prepare, "turn data/raw into data/processed (seeded splits)"),
         ("train", cmd_train, "train or resume the run (exit 3: checkpointed, requeue)"),
+        ("plan", cmd_plan, "memory per GPU, checkpoint size and save time, before a job"),
         ("doctor", cmd_doctor, "check the environment and flag common mistakes"),
     ]
     for name, func, text in commands:
@@ -133,6 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         if name == "doctor":
             command.add_argument("--quick", action="store_true", help="skip the speed tests")
+        if name == "plan":
+            command.add_argument(
+                "--gpus", type=int, default=0, help="GPUs in all (default: configs/cluster.toml)"
+            )
+            command.add_argument(
+                "--gpu-memory",
+                type=float,
+                default=0.0,
+                help="GB of one GPU (default: the preset's)",
+            )
+            command.add_argument(
+                "--disk-mb",
+                type=int,
+                default=128,
+                help="MB written to measure the run directory's disk (0: skip)",
+            )
 
     evaluate = sub.add_parser(
         "evaluate", help="score a run on the test split", description=cmd_evaluate.__doc__
