@@ -77,6 +77,13 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
 
 
 def test_a_base_of_another_size_is_refused_naming_a_key(lm_project: Path) -> None:
+    for bad, message in [
+        ("task.stride=0", "task.stride: must be > 0, got 0"),
+        ("task.pretrain_fraction=1.0", "task.pretrain_fraction: must be between 0 and 1"),
+        ("task.lora_rank=-1", "task.lora_rank: must be >= 0, got -1"),
+    ]:
+        with pytest.raises(pkg("errors").ConfigError, match=message):
+            load(bad)
     data.prepare(load())
     task = load("run.name=wide", "model.hidden=32", "model.init_from=data/processed/lm/base")
     with pytest.raises(pkg("errors").CheckpointError, match=r"shape embed\.weight \[256, 16\]"):
