@@ -7,27 +7,27 @@ import torch
 
 from conftest import pkg, run_cli
 
-plan, models = pkg("plan"), pkg("models")
+plan, transformer = pkg("plan"), pkg("transformer")
 GB = 1e9
 
 
 def causal_lm_params(vocab: int, context: int, width: int, depth: int) -> int:
-    """Parameters of models.CausalLM, written out: embeddings, blocks, final norm, head."""
+    """Parameters of transformer.CausalLM, written out: embeddings, blocks, final norm, head."""
     block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width)
     block += (width * 4 * width + 4 * width) + (4 * width * width + width)
     return vocab * width + context * width + depth * block + 2 * width + width * vocab
 
 
 def test_parameters_are_counted_on_the_meta_device_without_allocating() -> None:
-    small = models.CausalLM(256, 32, width=16, depth=2, heads=2, dropout=0.0)
+    small = transformer.CausalLM(256, 32, width=16, depth=2, heads=2, dropout=0.0)
     counted = plan.count(small)
     assert counted.params == sum(p.numel() for p in small.parameters())
     assert counted.params == causal_lm_params(256, 32, 16, 2)
     assert counted.block_params == sum(p.numel() for p in small.blocks[0].parameters())
     # 6.4 billion parameters: 26 GB in fp32 if they were allocated.
     with torch.device("meta"):
-        big = models.CausalLM(256, 2048, width=4096, depth=32, heads=32, dropout=0.0)
-        adapted = models.LoRA(big, rank=8, alpha=16.0, targets=("qkv", "proj"))
+        big = transformer.CausalLM(256, 2048, width=4096, depth=32, heads=32, dropout=0.0)
+        adapted = transformer.LoRA(big, rank=8, alpha=16.0, targets=("qkv", "proj"))
     assert plan.count(big).params == causal_lm_params(256, 2048, 4096, 32)
     lora = plan.count(adapted)
     assert lora.trainable == 32 * 8 * ((4096 + 3 * 4096) + (4096 + 4096))  # a and b, 2 layers
