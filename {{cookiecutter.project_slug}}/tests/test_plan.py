@@ -125,3 +125,5 @@ def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> 
     assert [p.name for p in (project / "runs").iterdir()] == []  # the speed test's file is gone
     out = run_cli("plan", *args, "--gpus", "1", "--gpu-memory", "94", project=project)
     assert "1 node(s) x 1 GPU(s), 94 GB each" in out.stdout
+    out = run_cli("plan", *args, "--gpus", "-2", project=project)
+    assert (out.returncode, out.stderr) == (2, "error: --gpus: must be >= 0, got -2\n")

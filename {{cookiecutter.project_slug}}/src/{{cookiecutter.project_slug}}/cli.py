@@ -98,6 +98,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Memory per GPU under ddp and fsdp, checkpoint size and save time, and advice."""
+    for option in ("gpus", "gpu_memory", "disk_mb"):
+        if getattr(args, option) < 0:
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag}: must be >= 0, got {getattr(args, option)}")
     settings = get_settings()
     cfg = _config(args, settings)
     from .plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)
