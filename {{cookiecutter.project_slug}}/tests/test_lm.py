@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import CORPUS, example_task, final_weights, pkg
 
 config, data, trainer = pkg("config"), pkg("data"), pkg("trainer")
 pretrained, settings = pkg("pretrained"), pkg("settings")
+checkpoint, export = pkg("checkpoint"), pkg("export")
 TINY = [
     "run.progress=log",
     "data.verify_raw=false",
@@ -25,6 +27,11 @@ TINY = [
     "model.depth=2",
     "train.batch_size=16",
 ]
+
+
+def export_args(project: Path, run: str = "lora") -> tuple[Path, Path, object]:
+    """export_run's arguments for a run of this project."""
+    return project / "runs" / run, project / "exports" / run, settings.get_settings()
 
 
 def load(*overrides: str):
@@ -64,8 +71,11 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
     assert result.summary["status"] == "finished"
     assert result.summary["val_perplexity"] > 1
     final = final_weights(lm_project / "runs" / "lora")
+    # The frozen base: exactly the pretrained weights (a checkpoint may leave it out).
+    exported = load_file(export.export_run(*export_args(lm_project)) / "model.safetensors")
     for key, value in base_weights.items():
-        assert torch.equal(final[f"base.{key}"], value), key  # frozen: exactly the base
+        assert torch.equal(final.get(f"base.{key}", value), value), key
+        assert torch.equal(exported[f"base.{key}"], value), key
     adapters = {k: v for k, v in final.items() if k.startswith("adapters.")}
     assert len(adapters) == 2 * 2 * 2  # a and b of qkv and proj in each of the 2 blocks
     assert all(v.abs().sum() > 0 for k, v in adapters.items() if k.endswith(".b"))  # trained
@@ -74,6 +84,16 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
 
     sample = lm_project / "reports" / "figures" / "lora" / "sample.txt"
     assert sample.read_text().startswith("--- 'The cluster' ---\nThe cluster")
+
+    # A checkpoint that leaves the frozen base out is exported whole: from model.init_from.
+    state = checkpoint.load_latest(lm_project / "runs" / "lora" / "checkpoints")
+    frozen = [f"base.{key}" for key in base_weights]
+    state["model"] = {k: v for k, v in state["model"].items() if k not in frozen}
+    state["frozen"] = {"keys": frozen, "digest": ""}
+    checkpoint.save(state, lm_project / "runs" / "slim" / "checkpoints", 1, 1)
+    slim = load_file(export.export_run(*export_args(lm_project, "slim")) / "model.safetensors")
+    assert slim.keys() == exported.keys()
+    assert all(torch.equal(slim[k], exported[k]) for k in slim)
 
 
 def test_a_base_of_another_size_is_refused_naming_a_key(lm_project: Path) -> None:

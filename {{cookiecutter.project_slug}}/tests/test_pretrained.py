@@ -128,7 +128,9 @@ def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> 
     # The export is a model folder that model.init_from reads.
     assert_identical(pretrained.read_weights(folder), final)
 
-    half = export.export_run(run_dir, project / "half", "best", "bf16")
+    half = export.export_run(
+        run_dir, project / "half", pkg("settings").get_settings(), "best", "bf16"
+    )
     best = checkpoint.load(run_dir / "best.pt")["model"]
     written = load_file(half / "model.safetensors")
     assert {t.dtype for t in written.values()} == {torch.bfloat16}

@@ -89,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
     out = args.out or run_dir / "export"
-    export_run(run_dir, out, args.weights, args.dtype)
+    export_run(run_dir, out, settings, args.weights, args.dtype)
     size_mb = (out / MODEL_FILE).stat().st_size / 1e6
     print(f"wrote {out / MODEL_FILE} ({args.weights} weights, {args.dtype}, {size_mb:.1f} MB)")
     print(f"wrote {out / 'config.toml'}")
