@@ -271,7 +271,7 @@ def test_first_commit_only_when_asked(baked: tuple[Bake, dict[str, str]]) -> Non
 def test_shipped_raw_data_is_read_only(baked: tuple[Bake, dict[str, str]]) -> None:
     result, answers = baked
     raw = [p for p in (result.project / "data" / "raw").iterdir() if p.name != ".gitkeep"]
-    assert len(raw) == (1 if answers["example"] == "yes" else 0)
+    assert len(raw) == (2 if answers["example"] == "yes" else 0)  # digits and the LM's text
     for path in raw:
         assert path.stat().st_mode & 0o222 == 0, f"{path.name} is writable"
 

@@ -317,5 +317,13 @@ def test_generated_task_guide_runs_as_shown(
     )
 
 
+@pytest.mark.slow
+def test_generated_lm_guide_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's language-model how-to (docs/fine-tune-lm.md): prepare, plan, train, export."""
+    run_page(default_bake.project / "docs" / "fine-tune-lm.md", template, default_bake, tmp_path)
+
+
 def test_some_howto_has_runnable_blocks() -> None:
     assert HOWTOS, "no how-to page marks a runnable block"

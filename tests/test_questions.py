@@ -29,6 +29,7 @@ PRESET_KEYS = {
     "default_time",
     "default_memory",
     "default_cpus_per_gpu",
+    "home_quota_gb",
     "partitions",
     "internet_constraint",
     "torch_variant",

@@ -20,15 +20,17 @@ from engines import Bake, bake
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "{{cookiecutter.project_slug}}"
 EXAMPLE = "{% if cookiecutter.example == 'yes' %}"
-SHIPPED_DATA = PROJECT / "data" / "raw" / f"{EXAMPLE}digits.csv.gz{{% endif %}}"
+SHIPPED = ("corpus.txt", "digits.csv.gz")  # the examples' raw files
 SHIPPED_MANIFEST = PROJECT / "data" / f"{EXAMPLE}raw.manifest.tsv{{% endif %}}"
 
 
-def test_shipped_manifest_records_the_shipped_example_file() -> None:
+def test_shipped_manifest_records_the_shipped_example_files() -> None:
     lines = SHIPPED_MANIFEST.read_text(encoding="utf-8").splitlines()
-    data = SHIPPED_DATA.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    assert lines == ["path\tsize\tmode\tsha256", f"digits.csv.gz\t{len(data)}\t0444\t{digest}"]
+    expected = ["path\tsize\tmode\tsha256"]
+    for name in SHIPPED:
+        data = (PROJECT / "data" / "raw" / f"{EXAMPLE}{name}{{% endif %}}").read_bytes()
+        expected.append(f"{name}\t{len(data)}\t0444\t{hashlib.sha256(data).hexdigest()}")
+    assert lines == expected
 
 
 def test_generated_gitignore_hides_no_template_file() -> None:
@@ -78,6 +80,7 @@ DATA_PATHS = (
     "data/raw/.gitkeep",
     "data/processed/.gitkeep",
     "data/raw/digits.csv.gz",
+    "data/raw/corpus.txt",
 )
 KEPT = {"data/raw.manifest.tsv", "data/README.md", "data/raw/.gitkeep", "data/processed/.gitkeep"}
 
@@ -88,7 +91,7 @@ def test_gitignore_keeps_data_out_but_manifest_and_readmes_in(
 ) -> None:
     baked = bake("cookiecutter", template, tmp_path, {"example": example, "git_init": "no"})
     assert baked.ok, baked.stderr
-    kept = KEPT | ({"data/raw/digits.csv.gz"} if example == "yes" else set())
+    kept = KEPT | ({f"data/raw/{name}" for name in SHIPPED} if example == "yes" else set())
     assert ignored(baked.project, *DATA_PATHS) == set(DATA_PATHS) - kept
     assert (baked.project / "data" / "raw.manifest.tsv").exists() == (example == "yes")
     assert (baked.project / "data" / "README.md").is_file()
@@ -110,7 +113,9 @@ def test_fresh_project_freezes_and_verifies_its_example(default_bake: Bake, tmp_
         listed = subprocess.run(
             ["git", "ls-files", "data"], cwd=project, capture_output=True, text=True, check=True
         ).stdout.split()
-        assert {"data/raw/digits.csv.gz", "data/raw.manifest.tsv"} <= set(listed)
+        assert {"data/raw/digits.csv.gz", "data/raw/corpus.txt", "data/raw.manifest.tsv"} <= set(
+            listed
+        )
     # The post-generation step gave the example the manifest's read-only mode.
     assert data_command(project, "verify").returncode == 0
     # A git clone writes files writable again: verify says so ...

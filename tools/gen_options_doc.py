@@ -164,6 +164,7 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         ("default_cpus_per_gpu", "default `cpus_per_gpu`"),
         ("internet_constraint", "Slurm constraint (`-C`) that gives a job internet access"),
         ("torch_variant", "CUDA build of torch `make install` takes from PyTorch's wheel index"),
+        ("home_quota_gb", "`$HOME` quota in GB (0: unknown), for `plan`'s storage advice"),
     ]
     out += ["| key | value | meaning |", "| --- | --- | --- |"]
     # Keys this page has no words for yet still appear, so a new preset key is never hidden.

@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
 DIGITS = ROOT / "data" / "raw" / "digits.csv.gz"
+CORPUS = ROOT / "data" / "raw" / "corpus.txt"  # the language-model example's text
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
@@ -112,8 +113,9 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 
 def example_task(name: str) -> bool:
-    """True while the shipped example (its task module and the digits file) is in the project."""
-    return DIGITS.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
+    """True while the shipped example (its task module and raw file) is in the project."""
+    raw = CORPUS if name == "lm" else DIGITS
+    return raw.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The task seam: shipped tasks end to end, fine-tuning hooks, and one line for every misuse.
 
-The shipped example tasks (digits, regression, images) are checked while they are part of the
+The shipped example tasks (digits, regression, images, lm) are checked while they are part of the
 project; everything else uses the test task `toy_tasks.blobs`, which makes its own data.
 """
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import (
+    CORPUS,
     DIGITS,
     PACKAGE,
     assert_identical,
@@ -42,7 +43,21 @@ SHIPPED = {
         "data.num_workers=2",
         "train.batch_size=64",
     ],
+    "lm": [
+        "train.epochs=1",
+        "task.context=16",
+        "task.heads=2",
+        "task.pretrain_steps=5",
+        "model.hidden=16",
+        "model.depth=2",
+        "train.batch_size=8",
+        "train.grad_accum_steps=2",
+        "model.init_from=data/processed/lm/base",
+    ],
 }
+# Test samples of each task: 10 % of the 1797 digits; the language model's are windows of 17
+# tokens in the last 10 % of the text it fine-tunes on (574 tokens).
+TEST_SAMPLES = {"digits": 180, "regression": 180, "images": 180, "lm": 33}
 
 
 def weights(project: Path, run: str) -> dict[str, torch.Tensor]:
@@ -71,11 +86,13 @@ def load(name: str, *overrides: str) -> Any:
 
 @pytest.fixture
 def example_project(project: Path) -> Path:
-    """A scratch project holding the digits example's raw file."""
+    """A scratch project holding the examples' raw files."""
     if not example_task("digits"):
         pytest.skip("the shipped example is not part of this project (any more)")
     (project / "data" / "raw").mkdir(parents=True)
-    (project / "data" / "raw" / DIGITS.name).write_bytes(DIGITS.read_bytes())
+    for raw in (DIGITS, CORPUS):
+        if raw.is_file():
+            (project / "data" / "raw" / raw.name).write_bytes(raw.read_bytes())
     return project
 
 
@@ -110,7 +127,7 @@ def test_shipped_task_stops_resumes_exactly_evaluates_and_draws(
         example_project / "runs" / "straight", pkg("settings").get_settings(), "cpu"
     )
     assert set(task.metrics) <= result.keys()
-    assert result["samples"] == 180
+    assert result["samples"] == TEST_SAMPLES[name]
     figures = example_project / "reports" / "figures" / "straight"
     expected = {"curves.png", *(Path(f).name for f in result["figures"])}
     expected |= {Path(f).name.replace("_test", "") for f in result["figures"]}  # validation

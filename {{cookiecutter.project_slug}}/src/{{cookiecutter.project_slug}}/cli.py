@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | doctor | data`.
+"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data`.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -94,6 +94,42 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's final or best weights as one safetensors file, its config beside it."""
+    settings = get_settings()
+    from .evaluate import latest_run  # noqa: PLC0415  (imports torch)
+    from .export import MODEL_FILE, export_run  # noqa: PLC0415
+
+    if args.run:
+        check_run_name(args.run, "--run")
+    run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
+    out = args.out or run_dir / "export"
+    export_run(run_dir, out, settings, args.weights, args.dtype)
+    size_mb = (out / MODEL_FILE).stat().st_size / 1e6
+    print(f"wrote {out / MODEL_FILE} ({args.weights} weights, {args.dtype}, {size_mb:.1f} MB)")
+    print(f"wrote {out / 'config.toml'}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Memory per GPU under ddp and fsdp, checkpoint size and save time, and advice."""
+    for option in ("gpus", "gpu_memory", "disk_mb"):
+        if getattr(args, option) < 0:
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag}: must be >= 0, got {getattr(args, option)}")
+    settings = get_settings()
+    cfg = _config(args, settings)
+    from .plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)
+
+    cluster = read_cluster(settings.project_root / "configs" / "cluster.toml")
+    if args.gpus:
+        cluster.nodes, cluster.gpus_per_node = 1, args.gpus
+    if args.gpu_memory:
+        cluster.gpu_gb, cluster.gpu_memory = args.gpu_memory, f"{args.gpu_memory:g}G (--gpu-memory)"
+    run_plan(cfg, settings, cluster, args.disk_mb)
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
@@ -124,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = [
         ("prepare", cmd_prepare, "turn data/raw into data/processed (seeded splits)"),
         ("train", cmd_train, "train or resume the run (exit 3: checkpointed, requeue)"),
+        ("plan", cmd_plan, "memory per GPU, checkpoint size and save time, before a job"),
         ("doctor", cmd_doctor, "check the environment and flag common mistakes"),
     ]
     for name, func, text in commands:
@@ -131,6 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         if name == "doctor":
             command.add_argument("--quick", action="store_true", help="skip the speed tests")
+        if name == "plan":
+            command.add_argument(
+                "--gpus", type=int, default=0, help="GPUs in all (default: configs/cluster.toml)"
+            )
+            command.add_argument(
+                "--gpu-memory",
+                type=float,
+                default=0.0,
+                help="GB of one GPU (default: the preset's)",
+            )
+            command.add_argument(
+                "--disk-mb",
+                type=int,
+                default=128,
+                help="MB written to measure the run directory's disk (0: skip)",
+            )
 
     evaluate = sub.add_parser(
         "evaluate", help="score a run on the test split", description=cmd_evaluate.__doc__
@@ -138,6 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--run", help="run name under runs/ (default: the newest run)")
     evaluate.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
     evaluate.set_defaults(func=cmd_evaluate)
+
+    export = sub.add_parser(
+        "export", help="write a run's weights as safetensors", description=cmd_export.__doc__
+    )
+    export.add_argument("--run", help="run name under runs/ (default: the newest run)")
+    export.add_argument(
+        "--weights",
+        default="final",
+        choices=["final", "best"],
+        help="final: the newest checkpoint; best: best.pt (run.best_metric)",
+    )
+    export.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    export.add_argument("--out", type=Path, help="output folder (default: runs/<run>/export)")
+    export.set_defaults(func=cmd_export)
 
     rawdata.add_data_command(sub)
     return parser

@@ -75,7 +75,9 @@ class ModelConfig:
     dropout: float = 0.1
     compile: bool = False  # torch.compile: faster steps after a slow first one
     channels_last: bool = False  # faster convolutions on tensor-core GPUs
-    init_from: str = ""  # initial weights: a local state-dict file (fresh runs only)
+    # initial weights (fresh runs only): a local state-dict or .safetensors file, or a model
+    # folder with model.safetensors.index.json and its shards (see pretrained.py)
+    init_from: str = ""
 
 
 @dataclass

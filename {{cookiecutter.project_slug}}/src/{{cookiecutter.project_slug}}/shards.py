@@ -15,16 +15,23 @@ import torch
 
 
 def write_shards(
-    files: Sequence[Path], targets: torch.Tensor, out_dir: Path, split: str, shard_mb: float
+    files: Sequence[Path | bytes],
+    targets: torch.Tensor,
+    out_dir: Path,
+    split: str,
+    shard_mb: float,
 ) -> int:
-    """Pack `files` (in this order) with their `targets`; return the number of shards."""
+    """Pack `files` (in this order; an item may also be bytes) with their `targets`.
+
+    Returns the number of shards.
+    """
     limit = int(shard_mb * 2**20)
     shard_of, offsets, lengths = [], [], []
     shard, offset = 0, 0
     out = (out_dir / f"{split}-{shard:03d}.bin").open("wb")
     try:
         for path in files:
-            payload = path.read_bytes()
+            payload = path if isinstance(path, bytes) else path.read_bytes()
             if offset and offset + len(payload) > limit:
                 out.close()
                 shard, offset = shard + 1, 0

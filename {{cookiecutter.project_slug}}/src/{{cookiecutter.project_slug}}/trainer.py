@@ -379,19 +379,12 @@ class Trainer:
             self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
 
     def load_initial_weights(self, path: Path) -> None:
-        """`model.init_from`: a state dict (or a checkpoint with one) for the task's target."""
+        """`model.init_from`: safetensors, a model folder, a state dict or another checkpoint."""
         if not path.is_absolute():
             path = self.settings.project_root / path
-        if not path.is_file():
-            raise ConfigError(f"model.init_from: no file {path}")
-        try:
-            weights = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # any unreadable file: one line, not a traceback
-            raise ConfigError(
-                f"model.init_from: {path} is not a PyTorch weights file: {err}"
-            ) from None
-        if isinstance(weights, dict) and isinstance(weights.get("model"), dict):
-            weights = weights["model"]  # a checkpoint of another run
+        from .pretrained import read_weights  # noqa: PLC0415  (fine-tuning runs only)
+
+        weights = read_weights(path)
         checkpoint.load_model(
             self.task.pretrained_target(self.net), weights, f"model.init_from {path}"
         )

@@ -1,0 +1,261 @@
+"""`plan`: will the configured model train on the configured GPUs, and what will it cost?
+
+Before a job is submitted: the model's parameters (counted on the meta device, so nothing is
+allocated however large it is), the training state each GPU holds under DDP and under FSDP,
+the size of a checkpoint, how long one takes to write at the speed measured on the run
+directory's disk, and the advice that follows. The arithmetic, for AdamW with fp32 master
+weights: 4 bytes of weights per parameter, and per trainable parameter 4 bytes of gradient
+and 8 of optimizer moments: 16 B/param for a full fine-tune. DDP keeps all of it on every
+GPU; FSDP keeps 1/world of it, plus the gathered parameters of the block being computed
+(bf16 under mixed precision). Activations come on top; they grow with batch size and
+sequence length, and only a short run measures them.
+
+The cluster's facts come from `configs/cluster.toml` (generated from the cluster preset):
+GPUs per node, nodes, memory of one GPU and the `$HOME` quota.
+"""
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import Config
+from .errors import ConfigError
+from .settings import Settings
+from .task import load_task
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package
+    import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
+
+GB = 1e9
+# Stop signals come a tenth of the job's limit before it, between 60 and 300 s (common.sh);
+# a save should take at most half of the shortest of these.
+GRACE_S = 60.0
+# The share of a GPU's memory the training state may take and still leave room for
+# activations, the CUDA context and the allocator's fragmentation.
+STATE_SHARE = 0.6
+
+
+@dataclass
+class Model:
+    """What `plan` needs to know of a model: parameter counts and its largest block."""
+
+    params: int
+    trainable: int
+    buffer_bytes: int
+    block_params: int  # the largest entry of an nn.ModuleList (FSDP's unit); all if none
+
+
+@dataclass
+class Cluster:
+    """The job's shape and the cluster's limits (configs/cluster.toml)."""
+
+    partition: str = "?"
+    nodes: int = 1
+    gpus_per_node: int = 1
+    gpu_gb: float = 0.0  # memory of one GPU; 0: unknown
+    gpu_memory: str = "unknown"  # as the preset says it
+    home_quota_gb: float = 0.0  # 0: unknown
+
+    @property
+    def world(self) -> int:
+        """GPUs of the job (processes)."""
+        return self.nodes * self.gpus_per_node
+
+
+def gpu_gb(text: str) -> float:
+    """The smallest size in a preset's GPU memory text ("40G or 80G" -> 40); 0 if none."""
+    sizes = [float(n) for n in re.findall(r"(\d+(?:\.\d+)?)\s*G", text)]
+    return min(sizes, default=0.0)
+
+
+def read_cluster(path: Path) -> Cluster:
+    """The `[cluster]` table of `path`; the defaults (one GPU, sizes unknown) without it."""
+    if not path.is_file():
+        return Cluster()
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8")).get("cluster", {})
+        memory = str(table.get("gpu_memory", "unknown"))
+        return Cluster(
+            partition=str(table.get("partition", "?")),
+            nodes=int(table.get("nodes", 1)),
+            gpus_per_node=int(table.get("gpus_per_node", 1)),
+            gpu_gb=gpu_gb(memory),
+            gpu_memory=memory,
+            home_quota_gb=float(table.get("home_quota_gb", 0)),
+        )
+    except (tomllib.TOMLDecodeError, TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def count(model: nn.Module) -> Model:
+    """Parameter counts of `model` (which may live on the meta device)."""
+    params = sum(p.numel() for p in model.parameters())
+    blocks = [
+        sum(p.numel() for p in block.parameters())
+        for module in model.modules()
+        if isinstance(module, nn.ModuleList)
+        for block in module
+    ]
+    return Model(
+        params=params,
+        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        block_params=max(blocks, default=params),
+    )
+
+
+def state_bytes(model: Model, strategy: str, world: int, compute_bytes: int) -> float:
+    """Training state on one GPU: fp32 weights, and gradients and AdamW moments of trainables.
+
+    `compute_bytes`: bytes per parameter of the gathered block under FSDP (2 for bf16).
+    Twice the largest block: FSDP gathers the next block while computing this one.
+    """
+    full = 4 * model.params + 12 * model.trainable + model.buffer_bytes
+    if strategy == "ddp":
+        return float(full)
+    return full / world + 2 * compute_bytes * model.block_params
+
+
+def checkpoint_bytes(model: Model) -> float:
+    """One checkpoint file: fp32 weights and buffers, AdamW's two moments per trainable."""
+    return float(4 * model.params + 8 * model.trainable + model.buffer_bytes)
+
+
+def disk_speed(folder: Path, megabytes: int) -> float:
+    """Bytes per second of writing `megabytes` into `folder`, fsync'd (the file is removed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f".plan-speed-{os.getpid()}"
+    chunk = os.urandom(4 << 20)  # random: a compressing file system cannot shortcut it
+    try:
+        start = time.perf_counter()
+        with path.open("wb") as f:
+            for _ in range(max(1, megabytes // 4)):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds = time.perf_counter() - start
+    finally:
+        path.unlink(missing_ok=True)
+    return max(1, megabytes // 4) * len(chunk) / seconds
+
+
+def advice(
+    model: Model,
+    cluster: Cluster,
+    *,
+    ddp: float,
+    fsdp: float,
+    footprint: float,
+    save_s: float | None,
+    runs_in_home: bool,
+) -> list[str]:
+    """What to do, given the arithmetic: strategy, checkpointing, LoRA, where runs live."""
+    tips = []
+    budget = STATE_SHARE * cluster.gpu_gb * GB
+    if not budget:
+        tips.append(
+            "GPU memory unknown: set gpu_memory in configs/cluster.toml (or --gpu-memory) "
+            "to judge the strategy"
+        )
+    elif ddp <= budget:
+        tips.append(
+            f"strategy: ddp (the default) fits: {ddp / GB:.1f} GB of state per GPU, "
+            f"{ddp / (cluster.gpu_gb * GB):.0%} of {cluster.gpu_gb:g} GB"
+        )
+    elif fsdp <= budget:
+        tips.append(
+            f"strategy: dist.strategy=fsdp: {fsdp / GB:.1f} GB per GPU sharded over "
+            f"{cluster.world} GPU(s), where ddp needs {ddp / GB:.1f} GB on each"
+        )
+        if fsdp > budget / 2:
+            tips.append(
+                "activations: little room is left; train.activation_checkpointing=blocks "
+                "recomputes each block's activations in the backward pass instead of storing them"
+            )
+    else:
+        tips.append(
+            f"does not fit: {fsdp / GB:.1f} GB per GPU even sharded over {cluster.world} "
+            f"GPU(s) ({budget / GB:.0f} GB usable): more GPUs (nodes), or train fewer parameters"
+        )
+    if model.trainable == model.params and budget and ddp > budget:
+        frozen = Model(model.params, 0, model.buffer_bytes, model.block_params)
+        lora = state_bytes(frozen, "ddp", cluster.world, 4)
+        tips.append(
+            f"LoRA: with the base frozen the state is about {lora / GB:.1f} GB per GPU under ddp "
+            f"(4 B/param), {lora / cluster.world / GB:.1f} GB under fsdp, plus the adapters; "
+            "the lm example's task.lora_rank shows how"
+        )
+    if save_s is not None and save_s > GRACE_S / 2:
+        tips.append(
+            f"checkpoints: a save takes about {save_s:.0f} s, and the stop signal can come only "
+            f"{GRACE_S:.0f} s before the limit: ask for --time of 10 h or more (a 300 s grace), "
+            "or write runs to a faster file system"
+        )
+    quota = cluster.home_quota_gb * GB
+    if runs_in_home and (footprint > quota / 4 if quota else footprint > 5 * GB):
+        limit = f"the {cluster.home_quota_gb:g} GB $HOME quota" if quota else "$HOME"
+        tips.append(
+            f"storage: the run's checkpoints take {footprint / GB:.1f} GB, too much for {limit}: "
+            "set RUNS_DIR in .env to project storage or a workspace"
+        )
+    return tips
+
+
+def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) -> list[str]:
+    """Print the plan for `cfg` on `cluster`; return the advice."""
+    task = load_task(cfg, settings)
+    task.datasets(task.processed_dir)  # tasks may learn their shapes from the data
+    with torch.device("meta"):
+        model = count(task.build_model())
+    world = cluster.world
+    compute = 2 if cfg.train.precision in {"auto", "bf16", "fp16"} else 4
+    ddp, fsdp = (state_bytes(model, s, world, compute) for s in ("ddp", "fsdp"))
+    ckpt = checkpoint_bytes(model)
+    files = cfg.run.keep_checkpoints + (1 if cfg.run.best_metric else 0)
+    footprint = ckpt * files
+    runs = settings.runs_dir
+
+    print(
+        f"model    task {task.name}: {model.params:,} parameters, {model.trainable:,} trainable, "
+        f"largest block {model.block_params:,}"
+    )
+    memory = f"{cluster.gpu_gb:g} GB" if cluster.gpu_gb else "memory unknown"
+    print(
+        f"cluster  partition {cluster.partition}: {cluster.nodes} node(s) x "
+        f"{cluster.gpus_per_node} GPU(s), {memory} each ({cluster.gpu_memory})"
+    )
+    print("state    per GPU: fp32 weights 4 B/param + gradients 4 + AdamW 8 per trainable")
+    print(f"  ddp    {ddp / GB:10.3f} GB  (every GPU holds everything)")
+    print(
+        f"  fsdp   {fsdp / GB:10.3f} GB  (1/{world} of it, plus the gathered block in "
+        f"{'bf16' if compute == 2 else 'fp32'})"
+    )
+    print("         activations come on top: measure them with a short run")
+    print(
+        f"ckpt     {ckpt / GB:.3f} GB per checkpoint; {files} kept: {footprint / GB:.3f} GB "
+        f"in {runs}"
+    )
+    save_s = None
+    if disk_mb > 0:
+        speed = disk_speed(runs, disk_mb)
+        save_s = ckpt / speed
+        print(
+            f"disk     {speed / 1e6:.0f} MB/s writing {disk_mb} MB to {runs} (fsync'd): "
+            f"a checkpoint takes about {save_s:.1f} s"
+        )
+    home = Path.home().resolve()
+    in_home = runs.resolve().is_relative_to(home)
+    tips = advice(
+        model, cluster, ddp=ddp, fsdp=fsdp, footprint=footprint, save_s=save_s, runs_in_home=in_home
+    )
+    print("advice")
+    for tip in tips:
+        print(f"  - {tip}")
+    return tips

@@ -1,0 +1,129 @@
+"""`plan`: the memory and checkpoint arithmetic, the advice that follows, the command."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import pkg, run_cli
+
+plan, transformer = pkg("plan"), pkg("transformer")
+GB = 1e9
+
+
+def causal_lm_params(vocab: int, context: int, width: int, depth: int) -> int:
+    """Parameters of transformer.CausalLM, written out: embeddings, blocks, final norm, head."""
+    block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width)
+    block += (width * 4 * width + 4 * width) + (4 * width * width + width)
+    return vocab * width + context * width + depth * block + 2 * width + width * vocab
+
+
+def test_parameters_are_counted_on_the_meta_device_without_allocating() -> None:
+    small = transformer.CausalLM(256, 32, width=16, depth=2, heads=2, dropout=0.0)
+    counted = plan.count(small)
+    assert counted.params == sum(p.numel() for p in small.parameters())
+    assert counted.params == causal_lm_params(256, 32, 16, 2)
+    assert counted.block_params == sum(p.numel() for p in small.blocks[0].parameters())
+    # 6.4 billion parameters: 26 GB in fp32 if they were allocated.
+    with torch.device("meta"):
+        big = transformer.CausalLM(256, 2048, width=4096, depth=32, heads=32, dropout=0.0)
+        adapted = transformer.LoRA(big, rank=8, alpha=16.0, targets=("qkv", "proj"))
+    assert plan.count(big).params == causal_lm_params(256, 2048, 4096, 32)
+    lora = plan.count(adapted)
+    assert lora.trainable == 32 * 8 * ((4096 + 3 * 4096) + (4096 + 4096))  # a and b, 2 layers
+    assert lora.params == lora.trainable + causal_lm_params(256, 2048, 4096, 32)
+
+
+def test_state_and_checkpoint_arithmetic() -> None:
+    full = plan.Model(params=10**9, trainable=10**9, buffer_bytes=0, block_params=10**8)
+    assert plan.state_bytes(full, "ddp", 4, 2) == 16e9  # 16 B/param on every GPU
+    assert plan.state_bytes(full, "fsdp", 4, 2) == 4e9 + 2 * 2 * 1e8  # a quarter + 2 blocks
+    assert plan.checkpoint_bytes(full) == 12e9  # weights and AdamW moments, no gradients
+    frozen = plan.Model(params=10**9, trainable=10**6, buffer_bytes=0, block_params=10**8)
+    assert plan.state_bytes(frozen, "ddp", 1, 2) == 4e9 + 12e6
+    assert plan.checkpoint_bytes(frozen) == 4e9 + 8e6
+
+
+@pytest.mark.parametrize(
+    ("text", "gb"),
+    [("40G or 80G (--constraint=80gb)", 40), ("94G", 94), ("20G (slice)", 20), ("unknown", 0)],
+)
+def test_gpu_memory_of_a_preset_takes_the_smallest_size(text: str, gb: float) -> None:
+    assert plan.gpu_gb(text) == gb
+
+
+def tips(
+    params: float,
+    gpus: int,
+    gpu_gb: float,
+    *,
+    trainable: float = 0,
+    footprint: float = 1e9,
+    save_s: float | None = None,
+    home: bool = False,
+) -> str:
+    """The advice for a model of `params` parameters (all trainable unless said)."""
+    model = plan.Model(int(params), int(trainable or params), 0, int(params / 32))
+    cluster = plan.Cluster(gpus_per_node=gpus, gpu_gb=gpu_gb, home_quota_gb=40)
+    ddp = plan.state_bytes(model, "ddp", gpus, 2)
+    fsdp = plan.state_bytes(model, "fsdp", gpus, 2)
+    found = plan.advice(
+        model, cluster, ddp=ddp, fsdp=fsdp, footprint=footprint, save_s=save_s, runs_in_home=home
+    )
+    return "\n".join(found)
+
+
+def test_advice_follows_the_arithmetic() -> None:
+    small = tips(1e8, 1, 40)  # 1.6 GB
+    assert "strategy: ddp (the default) fits" in small
+    assert "fsdp" not in small and "LoRA" not in small and "storage" not in small
+    # 1B: 16 GB per GPU under ddp, over 60 % of a 20 GB slice; 4 GB each when sharded on 4.
+    sharded = tips(1e9, 4, 20)
+    assert "strategy: dist.strategy=fsdp: 4.1 GB per GPU sharded over 4 GPU(s)" in sharded
+    assert "activation_checkpointing" not in sharded
+    assert "LoRA: with the base frozen the state is about 4.0 GB per GPU under ddp" in sharded
+    tight = tips(2.5e9, 4, 40)  # 10 GB + 0.3 GB of gathered blocks of 24 GB usable: under half
+    assert "dist.strategy=fsdp" in tight and "activation_checkpointing" not in tight
+    tighter = tips(3.5e9, 4, 40)  # 14 GB + 0.4 GB: over half of the usable 24 GB
+    assert "train.activation_checkpointing=blocks" in tighter
+    huge = tips(8e9, 4, 40)  # 8B full fine-tune: 32 GB each even on four A100 40 GB
+    assert "does not fit: 33.0 GB per GPU even sharded over 4 GPU(s)" in huge
+    adapters = tips(8e9, 4, 40, trainable=1e7)  # LoRA: 32 GB of frozen base under ddp
+    assert "dist.strategy=fsdp" in adapters and "LoRA:" not in adapters
+    assert "unknown" in tips(1e8, 1, 0)
+
+
+def test_advice_on_save_time_and_where_runs_live() -> None:
+    assert "checkpoints: a save takes about 45 s" in tips(1e8, 1, 40, save_s=45.0)
+    assert "checkpoints" not in tips(1e8, 1, 40, save_s=10.0)
+    home = tips(1e8, 1, 40, home=True, footprint=20e9)  # half the 40 GB quota
+    assert "storage: the run's checkpoints take 20.0 GB, too much for the 40 GB $HOME" in home
+    assert "RUNS_DIR" in home
+    assert "storage" not in tips(1e8, 1, 40, home=True, footprint=2e9)
+    assert "storage" not in tips(1e8, 1, 40, home=False, footprint=20e9)
+
+
+def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> None:
+    (project / "configs").mkdir()
+    (project / "configs" / "cluster.toml").write_text(
+        '[cluster]\npartition = "grete"\nnodes = 2\ngpus_per_node = 4\n'
+        'gpu_memory = "40G or 80G"\nhome_quota_gb = 40\n'
+    )
+    args = ["task.name=toy_tasks.blobs", "model.hidden=16", "--disk-mb", "8"]
+    out = run_cli("plan", *args, project=project)
+    assert out.returncode == 0, out.stderr
+    model = pkg("task").load_task(
+        pkg("config").load_config(None, ["task.name=toy_tasks.blobs", "model.hidden=16"]),
+        pkg("settings").get_settings(),
+    )
+    params = sum(p.numel() for p in model.build_model().parameters())
+    assert f"{params:,} parameters, {params:,} trainable" in out.stdout
+    assert "partition grete: 2 node(s) x 4 GPU(s), 40 GB each" in out.stdout
+    assert f"ddp    {16 * params / GB:10.3f} GB" in out.stdout
+    assert "MB/s writing 8 MB to" in out.stdout
+    assert "strategy: ddp (the default) fits" in out.stdout
+    assert [p.name for p in (project / "runs").iterdir()] == []  # the speed test's file is gone
+    out = run_cli("plan", *args, "--gpus", "1", "--gpu-memory", "94", project=project)
+    assert "1 node(s) x 1 GPU(s), 94 GB each" in out.stdout
+    out = run_cli("plan", *args, "--gpus", "-2", project=project)
+    assert (out.returncode, out.stderr) == (2, "error: --gpus: must be >= 0, got -2\n")

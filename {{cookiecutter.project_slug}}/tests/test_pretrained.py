@@ -1,0 +1,150 @@
+"""`model.init_from` in every layout a model is shipped in, and `export` of a run's weights."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import assert_identical, blobs, final_weights, pkg, run_cli
+
+trainer, checkpoint, pretrained = pkg("trainer"), pkg("checkpoint"), pkg("pretrained")
+config = pkg("config")
+errors = pkg("errors")
+FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "model.hidden=16"]
+
+
+def donor(project: Path) -> dict[str, torch.Tensor]:
+    """Weights of the right shapes for the blobs model, unlike any fresh initialisation."""
+    model = blobs(*FAST).build_model()
+    return {
+        k: torch.full_like(v, 0.25) + 0.01 * i
+        for i, (k, v) in enumerate(model.state_dict().items())
+    }
+
+
+def write_sharded(weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """Two shard files and their index, as a model hub download has them."""
+    folder.mkdir()
+    keys = sorted(weights)
+    halves = {
+        "model-00001-of-00002.safetensors": keys[::2],
+        "model-00002-of-00002.safetensors": keys[1::2],
+    }
+    for name, part in halves.items():
+        save_file({k: weights[k].contiguous() for k in part}, folder / name)
+    weight_map = {k: name for name, part in halves.items() for k in part}
+    (folder / pretrained.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def write_layout(layout: str, weights: dict[str, torch.Tensor], project: Path) -> Path:
+    if layout == "safetensors":
+        save_file(weights, project / "base.safetensors")
+        return project / "base.safetensors"
+    if layout == "sharded":
+        write_sharded(weights, project / "base")
+        return project / "base"
+    if layout == "single-folder":
+        (project / "base").mkdir()
+        save_file(weights, project / "base" / pretrained.SINGLE)
+        return project / "base"
+    torch.save({"model": weights, "step": 3}, project / "base.pt")  # another run's checkpoint
+    return project / "base.pt"
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "sharded", "single-folder", "checkpoint"])
+def test_init_from_reads_each_layout_into_the_model(project: Path, layout: str) -> None:
+    weights = donor(project)
+    path = write_layout(layout, weights, project)
+    assert pretrained.read_weights(path).keys() == weights.keys()
+    # The first layer stays frozen through the one epoch: it must end as it was loaded.
+    task = blobs(
+        *FAST, "run.name=tuned", "train.epochs=1", f"model.init_from={path.name}", freeze_epochs=1
+    )
+    trainer.train(task.cfg, task)
+    final = final_weights(project / "runs" / "tuned")
+    assert torch.equal(final["1.weight"], weights["1.weight"])
+    assert not torch.equal(final["4.weight"], weights["4.weight"])  # the rest trained
+
+
+def bad_layouts(project: Path, weights: dict[str, torch.Tensor]) -> dict[str, tuple[Path, str]]:
+    """Damaged inputs and the message each must produce."""
+    write_sharded(weights, project / "gone")
+    (project / "gone" / "model-00002-of-00002.safetensors").unlink()
+    write_sharded(weights, project / "moved")
+    first = project / "moved" / "model-00001-of-00002.safetensors"
+    save_file({"other": torch.zeros(1)}, first)
+    (project / "noindex").mkdir()
+    (project / "badindex").mkdir()
+    (project / "badindex" / pretrained.INDEX).write_text("{not json")
+    (project / "junk.safetensors").write_bytes(b"\x00" * 64)
+    (project / "junk.pt").write_text("not a weights file")
+    return {
+        "missing": (project / "nothing.safetensors", "model.init_from: no file"),
+        "shard": (project / "gone", "shard model-00002-of-00002.safetensors named in"),
+        "moved": (project / "moved", "lacks "),
+        "folder": (project / "noindex", f"has neither {pretrained.INDEX}"),
+        "index": (project / "badindex", "has no valid weight_map"),
+        "junk": (project / "junk.safetensors", "is not a safetensors file"),
+        "pickle": (project / "junk.pt", "is not a safetensors or PyTorch weights file"),
+    }
+
+
+def test_unreadable_weights_get_one_line_naming_the_path(project: Path) -> None:
+    for name, (path, message) in bad_layouts(project, donor(project)).items():
+        with pytest.raises(errors.ConfigError) as caught:
+            pretrained.read_weights(path)
+        text = str(caught.value)
+        assert message in text and "\n" not in text, name
+        assert str(path.name) in text, name
+
+
+def test_a_shape_mismatch_names_the_key(project: Path) -> None:
+    weights = donor(project)
+    weights["7.weight"] = torch.zeros(3, 3)
+    save_file(weights, project / "wrong.safetensors")
+    task = blobs(*FAST, "run.name=wrong", "model.init_from=wrong.safetensors")
+    with pytest.raises(errors.CheckpointError, match=r"shape 7\.weight \[3, 3\] vs \[4, 16\]"):
+        trainer.train(task.cfg, task)
+
+
+# --- export ------------------------------------------------------------------------------
+def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> None:
+    export = pkg("export")
+    task = blobs(*FAST, "run.name=done", "train.epochs=2", "run.best_metric=loss")
+    trainer.train(task.cfg, task)
+    run_dir = project / "runs" / "done"
+    final = final_weights(run_dir)
+
+    out = run_cli("export", "--run", "done", project=project)
+    assert out.returncode == 0, out.stderr
+    folder = run_dir / "export"
+    assert f"wrote {folder / 'model.safetensors'} (final weights, fp32" in out.stdout
+    written = load_file(folder / "model.safetensors")
+    assert_identical(written, final)
+    saved = config.load_config(folder / "config.toml")
+    assert config.to_dict(saved) == config.to_dict(task.cfg)
+    # The export is a model folder that model.init_from reads.
+    assert_identical(pretrained.read_weights(folder), final)
+
+    half = export.export_run(
+        run_dir, project / "half", pkg("settings").get_settings(), "best", "bf16"
+    )
+    best = checkpoint.load(run_dir / "best.pt")["model"]
+    written = load_file(half / "model.safetensors")
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+    assert_identical(written, {k: v.to(torch.bfloat16) for k, v in best.items()})
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
+
+
+def test_export_without_weights_gets_one_line(project: Path) -> None:
+    task = blobs(*FAST, "run.name=plain", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    out = run_cli("export", "--run", "plain", "--weights", "best", project=project)
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert "best.pt: the run kept no best weights (run.best_metric)" in out.stderr
+    out = run_cli("export", "--run", "nothing", project=project)
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert "no checkpoint in" in out.stderr
+    assert not (project / "runs" / "plain" / "export").exists()
