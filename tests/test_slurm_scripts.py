@@ -260,6 +260,16 @@ def test_requeue_exit_code_matches_the_trainer(baked) -> None:
     assert script_code[1] == trainer_code[1]
 
 
+def test_transient_exit_code_matches_the_trainer(default_bake) -> None:
+    project = default_bake.project
+    common = (project / "slurm" / "common.sh").read_text()
+    diagnostics = (project / "src" / project.name / "diagnostics.py").read_text()
+    script_codes = re.search(r'^readonly TRANSIENT_EXITS=" ([\d ]+) "$', common, re.MULTILINE)
+    trainer_code = re.search(r"^EXIT_TRANSIENT = (\d+)$", diagnostics, re.MULTILINE)
+    assert script_codes and trainer_code
+    assert trainer_code[1] in script_codes[1].split()
+
+
 def test_values_in_shell_code_are_quoted(baked) -> None:
     project, answers = baked
     preset = tomllib.loads((ROOT / "presets" / f"{answers['cluster']}.toml").read_text())

@@ -5,7 +5,7 @@ Every command takes `--config FILE` (default `configs/train.toml`) and `section.
 overrides, e.g. `train train.epochs=3 run.name=try1`.
 Exit codes: 0 done, 1 error (one line on stderr, also for a file or folder that cannot be
 read or written), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
-signal, requeue me.
+signal, requeue me; 75 (`train` only) a distributed failure, worth a relaunch.
 """
 
 import argparse
@@ -61,9 +61,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = get_settings()
     cfg = _config(args, settings)
     check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
-    from .trainer import train  # noqa: PLC0415  (imports torch)
+    from . import diagnostics  # noqa: PLC0415  (imports torch)
+    from .trainer import run_name, train  # noqa: PLC0415
 
-    return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
+    name = run_name(cfg, os.environ)
+    if not (cfg.run.name or os.environ.get("RUN_NAME") or os.environ.get("SLURM_JOB_ID")):
+        cfg.run.name = name  # a timestamp, taken once: the diagnostics use the trainer's folder
+    try:
+        with diagnostics.session(settings.runs_dir / name, cfg.run.debug, cfg.run.profile_steps):
+            result = train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings))
+    except Exception as err:  # a distributed failure: one line and the code the job retries on
+        if not diagnostics.is_transient(err):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {first} (transient: exit {diagnostics.EXIT_TRANSIENT})", file=sys.stderr)
+        return diagnostics.EXIT_TRANSIENT
+    return result.exit_code
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

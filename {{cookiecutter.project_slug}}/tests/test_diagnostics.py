@@ -1,0 +1,60 @@
+"""Diagnostics: the settings they make, the profiler trace, the OOM snapshot, transient errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import pkg
+
+TOY = ["task.name=toy_tasks.blobs", "data.verify_raw=false", "run.figures=false", "train.epochs=1"]
+
+
+def test_defaults_fill_only_what_the_environment_leaves_unset(tmp_path: Path) -> None:
+    diagnostics = pkg("diagnostics")
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    applied = diagnostics.configure(tmp_path, debug=False, env=env)
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's value stays
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-trace-rank-")
+    assert "NCCL_DEBUG" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in applied
+    verbose = {"PYTORCH_ALLOC_CONF": "backend:native"}  # the allocator under its newer name
+    diagnostics.configure(tmp_path, debug=True, env=verbose)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in verbose
+    assert (verbose["NCCL_DEBUG"], verbose["TORCH_DISTRIBUTED_DEBUG"]) == ("INFO", "DETAIL")
+
+
+def test_profile_steps_writes_a_trace_of_the_run(project: Path) -> None:
+    assert pkg("cli").main(["train", *TOY, "run.name=prof", "run.profile_steps=2"]) == 0
+    trace = json.loads((project / "runs" / "prof" / "profile-rank0.json").read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("Optimizer.step" in name for name in names), sorted(names)[:20]
+
+
+def test_distributed_failure_exits_with_the_code_the_job_retries(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise torch.distributed.DistNetworkError("Connection reset by peer\nmore detail")
+
+    monkeypatch.setattr(pkg("trainer"), "train", broken)
+    code = pkg("cli").main(["train", *TOY, "run.name=flaky"])
+    assert code == pkg("diagnostics").EXIT_TRANSIENT == 75
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "error: Connection reset by peer (transient: exit 75)"
+    assert not pkg("diagnostics").is_transient(ValueError("NCCL"))  # only runtime failures
+
+
+def test_cuda_out_of_memory_leaves_a_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The dump itself needs CUDA (tests/test_gpu.py runs it there); here its call is recorded.
+    dumped: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", dumped.append)
+    snapshot = pkg("diagnostics").snapshot_on_oom(tmp_path / "run", debug=False)
+    with pytest.raises(torch.OutOfMemoryError), snapshot:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert dumped == [str(tmp_path / "run" / "memory-snapshot-rank0.pickle")]
+    assert "allocator snapshot in" in capsys.readouterr().err
