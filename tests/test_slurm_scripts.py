@@ -12,6 +12,7 @@ import itertools
 import re
 import signal
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -550,3 +551,20 @@ def test_more_gpus_than_ranks_is_refused_with_the_fix(
         (line,) = res.stderr.splitlines()
         assert "4 GPUs per node but 1 task(s) per node" in line
         assert "--ntasks-per-node=4" in line
+
+
+def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> None:
+    project = default_bake.project
+    python = f"PY={sys.executable}"
+    plan = subprocess.run(
+        ["make", "-n", "gpu-check", python], cwd=project, capture_output=True, text=True
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "-m pytest -m gpu tests/test_gpu.py" in plan.stdout
+    assert "benchmarks/bench_trainer.py --device cuda" in plan.stdout
+    # Budgets of the steps: within the 8 minutes the check promises.
+    assert sum(int(t) for t in re.findall(r"^timeout (\d+) ", plan.stdout, re.MULTILINE)) <= 480
+    # Without CUDA (here) it stops at once with one line instead of skipping every test.
+    res = subprocess.run(["make", "gpu-check", python], cwd=project, capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "make gpu-check: no CUDA device here" in res.stderr.splitlines()[0]

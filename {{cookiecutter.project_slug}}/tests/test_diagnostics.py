@@ -58,3 +58,27 @@ def test_cuda_out_of_memory_leaves_a_snapshot(
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert dumped == [str(tmp_path / "run" / "memory-snapshot-rank0.pickle")]
     assert "allocator snapshot in" in capsys.readouterr().err
+
+
+# Layers whose CUDA backward torch documents as nondeterministic (torch.use_deterministic_
+# algorithms): with run.deterministic they warn, and the project's tests turn warnings into errors.
+NONDETERMINISTIC_ON_CUDA = (
+    torch.nn.AvgPool3d,
+    torch.nn.AdaptiveAvgPool2d,
+    torch.nn.AdaptiveAvgPool3d,
+    torch.nn.AdaptiveMaxPool2d,
+    torch.nn.MaxPool3d,
+    torch.nn.FractionalMaxPool2d,
+    torch.nn.FractionalMaxPool3d,
+)
+
+
+def test_shipped_models_repeat_bit_for_bit_on_cuda() -> None:
+    models, config = pkg("models"), pkg("config")
+    for name in models.ARCHITECTURES:
+        net = models.build_model(config.ModelConfig(name=name), (1, 8, 8), 3)
+        found = [type(m).__name__ for m in net.modules() if isinstance(m, NONDETERMINISTIC_ON_CUDA)]
+        assert not found, f"{name}: {found}"
+    # The CNN's pooling equals the layer it replaces.
+    x = torch.randn(2, 4, 5, 7)
+    assert torch.allclose(models.GlobalAvgPool()(x), torch.nn.AdaptiveAvgPool2d(1)(x))
