@@ -545,3 +545,14 @@ def test_doctor_lists_the_gpu_types_the_cluster_offers_now(project: JobProject) 
     res = project.cli("doctor", "--quick")
     assert "GPU types per partition now (sinfo -o '%P %G')" in res.stdout
     assert re.search(r"grete:interactive .*1g\.20gb", res.stdout), res.stdout
+
+
+def test_doctor_site_reads_the_real_sinfo_and_scontrol(project: JobProject) -> None:
+    # This cluster has every preset partition on one 64-core node with every GPU type: the
+    # preset's 128-core grete:shared differs, its MIG slice and partitions do not.
+    res = project.cli("doctor", "--site")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "differs: partition grete:shared: 128 cores per node in the preset, nodes have 64" in out
+    assert "grete:interactive: GPU type" not in out and "not on this cluster" not in out
+    assert re.search(r"site check: \d+ difference\(s\) between the grete preset", out), out

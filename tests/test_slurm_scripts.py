@@ -568,3 +568,18 @@ def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> 
     res = subprocess.run(["make", "gpu-check", python], cwd=project, capture_output=True, text=True)
     assert res.returncode != 0
     assert "make gpu-check: no CUDA device here" in res.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_mig_slices_of_a_preset_agree_with_their_memory(preset: str) -> None:
+    # A MIG profile names its memory (1g.20gb: 20 GB): the partition's gpu_memory and the
+    # interactive request must tell the same story as the slice type.
+    data = tomllib.loads((ROOT / "presets" / f"{preset}.toml").read_text())
+    for name, part in data["partitions"].items():
+        mig = re.fullmatch(r"\dg\.(\d+)gb", part["gpu_type"])
+        if mig:
+            assert part["gpu_memory"].startswith(f"{mig[1]}G"), (name, part)
+    request = data["interactive_gpu_request"].partition("=")[2].split(":")[-2]
+    interactive = data["partitions"].get(data["interactive_partition"])
+    if interactive and re.fullmatch(r"\dg\.\d+gb", request):
+        assert interactive["gpu_type"] == request

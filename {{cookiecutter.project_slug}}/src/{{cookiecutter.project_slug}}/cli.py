@@ -95,6 +95,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
+    if args.site:
+        from .sitecheck import run_site_check  # noqa: PLC0415
+
+        run_site_check(settings.project_root)
+        return 0
     cfg = _config(args, settings)
     from .doctor import run_doctor  # noqa: PLC0415  (imports torch)
 
@@ -129,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         if name == "doctor":
             command.add_argument("--quick", action="store_true", help="skip the speed tests")
+            command.add_argument(
+                "--site",
+                action="store_true",
+                help="compare the cluster preset (configs/cluster.toml) with sinfo and scontrol",
+            )
 
     evaluate = sub.add_parser(
         "evaluate", help="score a run on the test split", description=cmd_evaluate.__doc__
