@@ -82,3 +82,28 @@ def test_shipped_models_repeat_bit_for_bit_on_cuda() -> None:
     # The CNN's pooling equals the layer it replaces.
     x = torch.randn(2, 4, 5, 7)
     assert torch.allclose(models.GlobalAvgPool()(x), torch.nn.AdaptiveAvgPool2d(1)(x))
+
+
+@pytest.mark.parametrize("form", ["path", "open file"])
+def test_full_disk_while_saving_is_one_line_naming_the_run(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    form: str,
+) -> None:
+    # /dev/full fails every write with ENOSPC: torch.save to a path turns that into a
+    # RuntimeError of its zip writer, to an open file into an OSError without a file name.
+    def save_to_full_disk(*_args: object, **_kwargs: object) -> None:
+        state = {"w": torch.zeros(100_000)}
+        if form == "path":
+            torch.save(state, "/dev/full")
+        with open("/dev/full", "wb") as f:  # noqa: PTH123 - as checkpoint.save_atomic writes
+            torch.save(state, f)
+
+    monkeypatch.setattr(pkg("trainer"), "train", save_to_full_disk)
+    diagnostics = pkg("diagnostics")
+    usage = diagnostics.shutil.disk_usage(project)
+    monkeypatch.setattr(diagnostics.shutil, "disk_usage", lambda _p: usage._replace(free=0))
+    assert pkg("cli").main(["train", *TOY, "run.name=full"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {project / 'runs' / 'full'}: No space left on device"), line

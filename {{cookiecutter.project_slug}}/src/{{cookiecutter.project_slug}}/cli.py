@@ -70,7 +70,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         with diagnostics.session(settings.runs_dir / name, cfg.run.debug, cfg.run.profile_steps):
             result = train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings))
-    except Exception as err:  # a distributed failure: one line and the code the job retries on
+    except Exception as err:  # a full disk: one line naming where; a distributed failure: the
+        # one line and the code the job script relaunches on
+        if failure := diagnostics.write_failure(err, settings.runs_dir / name):
+            raise failure from None
         if not diagnostics.is_transient(err):
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

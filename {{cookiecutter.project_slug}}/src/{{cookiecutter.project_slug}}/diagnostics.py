@@ -10,7 +10,10 @@ extra collective checks) and the allocation history with stack traces in the OOM
 chrome://tracing). A variable already set in the environment is never overridden.
 """
 
+import errno
 import os
+import re
+import shutil
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -25,6 +28,11 @@ EXIT_TRANSIENT = 75
 The job script relaunches the training on it (RETRIES, slurm/common.sh); it resumes from the
 last checkpoint.
 """
+
+# torch.save's messages for a write that failed inside its zip writer.
+TORCH_WRITE_FAILED = re.compile(r"PytorchStreamWriter failed|file write failed|unexpected pos")
+# Less free space than this (bytes) after a failed write: the disk is full.
+FULL_BELOW = 64 * 2**20
 
 # Flight recorder entries per rank: a few thousand collectives cost a few MB of host memory.
 TRACE_ENTRIES = 2000
@@ -63,6 +71,25 @@ def configure(run_dir: Path, debug: bool, env: MutableMapping[str, str] = os.env
             env[name] = value
             applied.append(name)
     return applied
+
+
+def write_failure(err: BaseException, folder: Path) -> OSError | None:
+    """A full disk while writing into `folder`, as an OSError naming it; None for other errors.
+
+    torch.save reports a failed write to a path as a RuntimeError of its zip writer ("unexpected
+    pos", "file write failed") that names neither the file nor the reason, and a write to an
+    open file as an OSError without a file name: either way the user learns neither where nor
+    why. The free space of the folder's file system tells a full disk from other failures.
+    """
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return None if err.filename else OSError(err.errno, err.strerror, str(folder))
+    if not isinstance(err, RuntimeError) or not TORCH_WRITE_FAILED.search(str(err)):
+        return None
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if shutil.disk_usage(existing).free < FULL_BELOW:
+        return OSError(errno.ENOSPC, "No space left on device (writing a checkpoint)", str(folder))
+    first = str(err).strip().splitlines()[0]
+    return OSError(errno.EIO, f"writing a checkpoint failed (a full quota?): {first}", str(folder))
 
 
 def is_transient(err: BaseException) -> bool:
