@@ -343,24 +343,35 @@ def test_stop_grace_is_a_setting_and_grows_with_a_slow_stop(
     code = 'RUN_KEY=runA; schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'
     res = _run_common_sh(project, code, f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", **env)
     status, line = expected
-    assert (res.returncode, line in res.stdout + res.stderr) == (status, True), res.stdout + res.stderr
+    assert (res.returncode, line in res.stdout + res.stderr) == (status, True), (
+        res.stdout + res.stderr
+    )
 
 
 @pytest.mark.parametrize(
-    ("squeue", "scontrol", "env", "expected"),
+    "case",
     [
         # squeue does not answer: scontrol's limit and run time give the moment.
-        ("exit 1", "echo 'JobId=7 TimeLimit=02:00:00 RunTime=00:10:00 JobState=RUNNING'", {},
-         "time left 6600 s: USR1 to stop in 6300 s"),
+        (
+            "exit 1",
+            "echo 'JobId=7 TimeLimit=02:00:00 RunTime=00:10:00 JobState=RUNNING'",
+            {},
+            "time left 6600 s: USR1 to stop in 6300 s",
+        ),
         # Neither answers: newer Slurm's job start and end in the environment.
-        ("exit 1", "exit 1", {"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": "4600"},
-         "scontrol gave no time limit; SLURM_JOB_END_TIME did"),
+        (
+            "exit 1",
+            "exit 1",
+            {"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": "4600"},
+            "scontrol gave no time limit; SLURM_JOB_END_TIME did",
+        ),
         ("exit 1", "exit 1", {}, "no time limit found for job 7: no stop signal scheduled"),
     ],
 )
 def test_stop_signal_needs_no_squeue(
-    default_bake, tmp_path: Path, squeue: str, scontrol: str, env: dict[str, str], expected: str
+    default_bake, tmp_path: Path, case: tuple[str, str, dict[str, str], str]
 ) -> None:
+    squeue, scontrol, env, expected = case
     bin_dir = tmp_path / "bin"
     _stand_in(bin_dir, "squeue", squeue)
     _stand_in(bin_dir, "scontrol", scontrol)
@@ -404,7 +415,11 @@ exit "$code"
 
 
 def _training_job(
-    project: Path, tmp_path: Path, codes: list[str], job_state: str = "RUNNING Reason=None", **env: str
+    project: Path,
+    tmp_path: Path,
+    codes: list[str],
+    job_state: str = "RUNNING Reason=None",
+    **env: str,
 ) -> tuple[subprocess.Popen[str], Path]:
     """run_training of common.sh with stand-ins for srun, squeue and scontrol, started."""
     state, bin_dir = tmp_path / "state", tmp_path / "bin"
@@ -496,7 +511,7 @@ def test_slow_stop_warns_with_both_figures(default_bake, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    ("codes", "env", "launches", "status"),
+    "case",
     [
         (["75", "0"], {}, 2, 0),  # a distributed error: relaunched, resumes, finishes
         (["134", "75", "0"], {}, 3, 0),  # an aborted rank, then a store error
@@ -506,8 +521,9 @@ def test_slow_stop_warns_with_both_figures(default_bake, tmp_path: Path) -> None
     ],
 )
 def test_transient_failure_relaunches_within_the_budget(
-    default_bake, tmp_path: Path, codes: list[str], env: dict[str, str], launches: int, status: int
+    default_bake, tmp_path: Path, case: tuple[list[str], dict[str, str], int, int]
 ) -> None:
+    codes, env, launches, status = case
     project = _mini_project(default_bake.project, tmp_path)
     job, state = _training_job(project, tmp_path, codes, **env)
     out, _ = job.communicate(timeout=60)
@@ -557,7 +573,11 @@ def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> 
     project = default_bake.project
     python = f"PY={sys.executable}"
     plan = subprocess.run(
-        ["make", "-n", "gpu-check", python], cwd=project, capture_output=True, text=True
+        ["make", "-n", "gpu-check", python],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert plan.returncode == 0, plan.stderr
     assert "-m pytest -m gpu tests/test_gpu.py" in plan.stdout
@@ -565,7 +585,9 @@ def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> 
     # Budgets of the steps: within the 8 minutes the check promises.
     assert sum(int(t) for t in re.findall(r"^timeout (\d+) ", plan.stdout, re.MULTILINE)) <= 480
     # Without CUDA (here) it stops at once with one line instead of skipping every test.
-    res = subprocess.run(["make", "gpu-check", python], cwd=project, capture_output=True, text=True)
+    res = subprocess.run(
+        ["make", "gpu-check", python], cwd=project, capture_output=True, text=True, check=False
+    )
     assert res.returncode != 0
     assert "make gpu-check: no CUDA device here" in res.stderr.splitlines()[0]
 
