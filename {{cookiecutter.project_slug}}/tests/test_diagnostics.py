@@ -13,17 +13,24 @@ TOY = ["task.name=toy_tasks.blobs", "data.verify_raw=false", "run.figures=false"
 
 def test_defaults_fill_only_what_the_environment_leaves_unset(tmp_path: Path) -> None:
     diagnostics = pkg("diagnostics")
-    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    renamed = diagnostics._torch_release() >= (2, 11)  # the flight recorder's newer names
+    buffer = "TORCH_FR_BUFFER_SIZE" if renamed else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    prefix = "TORCH_FR_DUMP_TEMP_FILE" if renamed else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+    env: dict[str, str] = {}
     applied = diagnostics.configure(tmp_path, debug=False, env=env)
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's value stays
-    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-trace-rank-")
-    assert "NCCL_DEBUG" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in applied
-    verbose = {"PYTORCH_ALLOC_CONF": "backend:native"}  # the allocator under its newer name
-    diagnostics.configure(tmp_path, debug=True, env=verbose)
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in verbose
-    assert (verbose["NCCL_DEBUG"], verbose["TORCH_DISTRIBUTED_DEBUG"]) == ("INFO", "DETAIL")
+    assert env == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        buffer: "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        prefix: str(tmp_path / "nccl-trace-rank-"),
+    }
+    assert sorted(applied) == sorted(env)
+    # A value the user set, under any of the names torch reads, stays and is not doubled.
+    mine = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "PYTORCH_ALLOC_CONF": "backend:native"}
+    diagnostics.configure(tmp_path, debug=True, env=mine)
+    assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and "TORCH_FR_BUFFER_SIZE" not in mine
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in mine
+    assert (mine["NCCL_DEBUG"], mine["TORCH_DISTRIBUTED_DEBUG"]) == ("INFO", "DETAIL")
 
 
 def test_profile_steps_writes_a_trace_of_the_run(project: Path) -> None:

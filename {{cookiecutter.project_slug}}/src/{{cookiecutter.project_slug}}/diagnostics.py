@@ -43,33 +43,45 @@ def rank(env: Mapping[str, str] = os.environ) -> str:
     return env.get("RANK") or env.get("SLURM_PROCID") or "0"
 
 
-def settings_for(run_dir: Path, debug: bool) -> dict[str, str]:
-    """The environment variables of these diagnostics, for a run writing into `run_dir`."""
+def _torch_release() -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+def settings_for(run_dir: Path, debug: bool) -> dict[tuple[str, ...], str]:
+    """The variables of these diagnostics for a run writing into `run_dir`: names -> value.
+
+    Each key lists the names of one setting, the one to set first, then the other names torch
+    reads for it. torch 2.11 renamed the flight recorder's TORCH_NCCL_TRACE_BUFFER_SIZE and
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE to TORCH_FR_BUFFER_SIZE and TORCH_FR_DUMP_TEMP_FILE and
+    warns on every rank about the old names; older releases know only those.
+    """
+    renamed = _torch_release() >= (2, 11)
+    buffer = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+    prefix = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     values = {
         # PYTORCH_ALLOC_CONF is the newer name; the old one is read by every torch >= 2.4.
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_ENTRIES),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"): "expandable_segments:True",
+        buffer if renamed else buffer[::-1]: str(TRACE_ENTRIES),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
         # One file per rank: this prefix followed by the rank.
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(run_dir / "nccl-trace-rank-"),
+        prefix if renamed else prefix[::-1]: str(run_dir / "nccl-trace-rank-"),
     }
     if debug:
-        values |= {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+        values |= {("NCCL_DEBUG",): "INFO", ("TORCH_DISTRIBUTED_DEBUG",): "DETAIL"}
     return values
 
 
 def configure(run_dir: Path, debug: bool, env: MutableMapping[str, str] = os.environ) -> list[str]:
-    """Set the variables of `settings_for` that the environment leaves unset; return their names.
+    """Set each setting of `settings_for` that the environment leaves unset; return the names set.
 
     Call it before CUDA and the process group start: both read them once.
     """
     applied = []
-    for name, value in settings_for(run_dir, debug).items():
-        if name == "PYTORCH_CUDA_ALLOC_CONF" and "PYTORCH_ALLOC_CONF" in env:
-            continue  # the user configured the allocator under its newer name
-        if name not in env:
-            env[name] = value
-            applied.append(name)
+    for names, value in settings_for(run_dir, debug).items():
+        if not any(name in env for name in names):
+            env[names[0]] = value
+            applied.append(names[0])
     return applied
 
 
