@@ -235,7 +235,7 @@ def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     assert len(jobs) == 3 and all(j.isdigit() for j in jobs)
     for before, after in itertools.pairwise(jobs):
         dependency = project.cluster.job(after)["Dependency"]
-        assert dependency.startswith(f"afterany:{before}") or dependency == "(null)"
+        assert dependency.startswith(f"afterok:{before}") or dependency == "(null)"
     infos = [project.finished(j) for j in jobs]
     logs = [project.log(f"{project.slug}-{j}") for j in jobs]
     assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs
@@ -246,6 +246,16 @@ def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     assert "segment done at step 11" in logs[0] and "segment done at step 22" in logs[1]
     summary = json.loads((project.path / "runs" / "chained" / "summary.json").read_text())
     assert (summary["status"], summary["step"]) == ("finished", 33)
+
+
+def test_chain_ends_after_a_failed_segment(project: JobProject) -> None:
+    # The first segment fails at once (a bad value); the second must not train on after it.
+    res = project.run("slurm/chain.sh", "2", "run.name=broken", "train.epochs=many")
+    assert res.returncode == 0, res.stderr
+    first, second = res.stdout.split()
+    infos = [project.finished(j) for j in (first, second)]
+    assert [i["JobState"] for i in infos] == ["FAILED", "CANCELLED"], infos
+    assert not (project.path / "logs" / f"{project.slug}-{second}.out").exists()  # never ran
 
 
 def _wait_resumed(project: JobProject, job: str) -> float:
@@ -535,3 +545,14 @@ def test_doctor_lists_the_gpu_types_the_cluster_offers_now(project: JobProject) 
     res = project.cli("doctor", "--quick")
     assert "GPU types per partition now (sinfo -o '%P %G')" in res.stdout
     assert re.search(r"grete:interactive .*1g\.20gb", res.stdout), res.stdout
+
+
+def test_doctor_site_reads_the_real_sinfo_and_scontrol(project: JobProject) -> None:
+    # This cluster has every preset partition on one 64-core node with every GPU type: the
+    # preset's 128-core grete:shared differs, its MIG slice and partitions do not.
+    res = project.cli("doctor", "--site")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "differs: partition grete:shared: 128 cores per node in the preset, nodes have 64" in out
+    assert "grete:interactive: GPU type" not in out and "not on this cluster" not in out
+    assert re.search(r"site check: \d+ difference\(s\) between the grete preset", out), out

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import re
+import signal
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -258,6 +261,16 @@ def test_requeue_exit_code_matches_the_trainer(baked) -> None:
     assert script_code[1] == trainer_code[1]
 
 
+def test_transient_exit_code_matches_the_trainer(default_bake) -> None:
+    project = default_bake.project
+    common = (project / "slurm" / "common.sh").read_text()
+    diagnostics = (project / "src" / project.name / "diagnostics.py").read_text()
+    script_codes = re.search(r'^readonly TRANSIENT_EXITS=" ([\d ]+) "$', common, re.MULTILINE)
+    trainer_code = re.search(r"^EXIT_TRANSIENT = (\d+)$", diagnostics, re.MULTILINE)
+    assert script_codes and trainer_code
+    assert trainer_code[1] in script_codes[1].split()
+
+
 def test_values_in_shell_code_are_quoted(baked) -> None:
     project, answers = baked
     preset = tomllib.loads((ROOT / "presets" / f"{answers['cluster']}.toml").read_text())
@@ -298,3 +311,297 @@ def test_readme_shows_the_scripts_commands(baked) -> None:
     for script in scripts(project):
         if script.name != "common.sh":
             assert f"slurm/{script.name}" in readme, script.name
+
+
+def _stand_in(directory: Path, name: str, body: str) -> None:
+    """A stand-in for a Slurm command: a bash script `name` in `directory`."""
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text(f"#!/bin/bash\n{body}\n")
+    (directory / name).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("env", "record", "expected"),
+    [
+        ({"STOP_GRACE": "900"}, None, (0, "USR1 to stop in 2670 s, 900 s before the limit (STOP")),
+        # An earlier stop of this run took 200 s: the next segment waits twice that plus 30 s.
+        ({}, "200", (0, "USR1 to stop in 3140 s, 430 s before the limit (twice the 200 s")),
+        ({}, "10", (0, "USR1 to stop in 3270 s, 300 s before the limit (a tenth")),
+        ({"STOP_GRACE": "5m"}, None, (2, "STOP_GRACE=5m: give whole seconds")),
+        # A grace that leaves too little of a one-hour limit is refused like a short limit.
+        ({"STOP_GRACE": "3500"}, None, (2, "leaves 100 s of training")),
+    ],
+)
+def test_stop_grace_is_a_setting_and_grows_with_a_slow_stop(
+    default_bake, tmp_path: Path, env: dict[str, str], record: str | None, expected
+) -> None:
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "squeue", "echo '1:00:00 59:30'")
+    project = _mini_project(default_bake.project, tmp_path)
+    if record:
+        (project / "logs" / ".stop-seconds-runA").write_text(record)
+    code = 'RUN_KEY=runA; schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'
+    res = _run_common_sh(project, code, f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", **env)
+    status, line = expected
+    assert (res.returncode, line in res.stdout + res.stderr) == (status, True), (
+        res.stdout + res.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # squeue does not answer: scontrol's limit and run time give the moment.
+        (
+            "exit 1",
+            "echo 'JobId=7 TimeLimit=02:00:00 RunTime=00:10:00 JobState=RUNNING'",
+            {},
+            "time left 6600 s: USR1 to stop in 6300 s",
+        ),
+        # Neither answers: newer Slurm's job start and end in the environment.
+        (
+            "exit 1",
+            "exit 1",
+            {"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": "4600"},
+            "scontrol gave no time limit; SLURM_JOB_END_TIME did",
+        ),
+        ("exit 1", "exit 1", {}, "no time limit found for job 7: no stop signal scheduled"),
+    ],
+)
+def test_stop_signal_needs_no_squeue(
+    default_bake, tmp_path: Path, case: tuple[str, str, dict[str, str], str]
+) -> None:
+    squeue, scontrol, env, expected = case
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "squeue", squeue)
+    _stand_in(bin_dir, "scontrol", scontrol)
+    _stand_in(bin_dir, "sleep", "exit 0")  # squeue's second try comes at once here
+    code = 'schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'
+    res = _run_common_sh(
+        default_bake.project, code, f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", **env
+    )
+    assert res.returncode == 0 and expected in res.stdout + res.stderr, res.stdout + res.stderr
+    if "END_TIME" in expected:
+        assert "USR1 to stop in" in res.stdout
+
+
+def _mini_project(project: Path, tmp_path: Path) -> Path:
+    """A folder with the bake's slurm/common.sh and logs/, for jobs that write their records."""
+    mini = tmp_path / "project"
+    (mini / "slurm").mkdir(parents=True)
+    (mini / "logs").mkdir()
+    (mini / "slurm" / "common.sh").write_text((project / "slurm" / "common.sh").read_text())
+    return mini
+
+
+# Stands in for `srun python -m PKG train`: each launch takes the next line of $STATE/codes;
+# "stop" waits for USR1, tells the test, waits until the test releases it (a slow checkpoint),
+# then exits with the requeue code.
+FAKE_STEP = """
+trap 'touch "$STATE/usr1"' USR1
+trap 'touch "$STATE/term"' TERM
+n=$(($(cat "$STATE/launches" 2>/dev/null || echo 0) + 1))
+echo "$n" > "$STATE/launches"
+code=$(sed -n "${n}p" "$STATE/codes")
+touch "$STATE/started-$n"
+if [[ "$code" == stop ]]; then
+    until [[ -e "$STATE/usr1" ]]; do sleep 0.05; done
+    touch "$STATE/saving"
+    until [[ -e "$STATE/release" ]]; do sleep 0.05; done
+    exit 3
+fi
+exit "$code"
+"""
+
+
+def _training_job(
+    project: Path,
+    tmp_path: Path,
+    codes: list[str],
+    job_state: str = "RUNNING Reason=None",
+    **env: str,
+) -> tuple[subprocess.Popen[str], Path]:
+    """run_training of common.sh with stand-ins for srun, squeue and scontrol, started."""
+    state, bin_dir = tmp_path / "state", tmp_path / "bin"
+    state.mkdir()
+    (state / "codes").write_text("\n".join(codes) + "\n")
+    _stand_in(bin_dir, "srun", FAKE_STEP)
+    _stand_in(bin_dir, "squeue", "echo '1:00:00 59:30'")
+    _stand_in(
+        bin_dir,
+        "scontrol",
+        f'if [[ $1 == show ]]; then echo "JobId=7 JobState={job_state}";'
+        f' else echo "$*" >> "$STATE/scontrol"; fi',
+    )
+    code = (
+        "source slurm/common.sh; activate_environment() { PYTHON=(python); };"
+        " set_caches() { :; }; run_training train run.name=runA"
+    )
+    job = subprocess.Popen(
+        ["bash", "-c", code],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE": str(state), "SLURM_JOB_ID": "7", **env},
+    )
+    return job, state
+
+
+def _read_until(job: subprocess.Popen[str], text: str) -> str:
+    """The job's output up to the first line containing `text`."""
+    assert job.stdout
+    seen = ""
+    while text not in seen:
+        line = job.stdout.readline()
+        assert line, seen  # the job ended without printing it
+        seen += line
+    return seen
+
+
+def _wait_file(path: Path, job: subprocess.Popen[str]) -> None:
+    """Wait until `path` exists; fail at once if the job ended without making it."""
+    while not path.exists():
+        assert job.poll() is None, job.communicate()[0]
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("reason", "requeued"), [("TimeLimit", True), ("None", False)])
+def test_term_during_a_slow_checkpoint_after_usr1_still_requeues(
+    default_bake, tmp_path: Path, reason: str, requeued: bool
+) -> None:
+    # USR1 starts the stop; the limit's TERM arrives while the checkpoint is still being
+    # written (the reported failure: "stopped by SIGTERM ... no requeue"). What Slurm 22.05
+    # shows then: reason TimeLimit at the limit, None after scancel, which stays stopped.
+    project = _mini_project(default_bake.project, tmp_path)
+    job, state = _training_job(project, tmp_path, ["stop"], f"COMPLETING Reason={reason}")
+    _wait_file(state / "started-1", job)
+    job.send_signal(signal.SIGUSR1)
+    _wait_file(state / "saving", job)
+    job.send_signal(signal.SIGTERM)
+    seen = _read_until(job, "received SIGTERM")  # the script has noted the TERM
+    (state / "release").touch()  # now the checkpoint is complete
+    out = seen + job.communicate(timeout=60)[0]
+    assert "received SIGTERM" in out, out
+    requeue_calls = (state / "scontrol").read_text() if (state / "scontrol").exists() else ""
+    assert ("requeue 7" in requeue_calls) == requeued, out
+    assert ("stopped by SIGTERM" in out) == (not requeued), out
+    assert job.returncode == (0 if requeued else 3), out
+    took = int(re.search(r"the stop took (\d+) s from SIGUSR1", out)[1])
+    assert (project / "logs" / ".stop-seconds-runA").read_text().strip() == str(took)
+
+
+def test_slow_stop_warns_with_both_figures(default_bake, tmp_path: Path) -> None:
+    project = _mini_project(default_bake.project, tmp_path)
+    job, state = _training_job(project, tmp_path, ["stop"], STOP_GRACE="1")
+    _wait_file(state / "started-1", job)
+    job.send_signal(signal.SIGUSR1)
+    _wait_file(state / "saving", job)
+    # Hold the checkpoint until more than half the 1 s grace has passed on the job's clock
+    # (whole seconds): the figure measured, not an event, so this one test waits 1.5 s.
+    start = time.monotonic()
+    while time.monotonic() - start < 1.5:
+        assert job.poll() is None
+        time.sleep(0.1)
+    (state / "release").touch()
+    out, _ = job.communicate(timeout=60)
+    took = int(re.search(r"warning: the stop took (\d+) s, more than half the 1 s grace", out)[1])
+    assert took >= 1 and f"STOP_GRACE={2 * took + 30}" in out, out
+    assert "requeue 7" in (state / "scontrol").read_text()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (["75", "0"], {}, 2, 0),  # a distributed error: relaunched, resumes, finishes
+        (["134", "75", "0"], {}, 3, 0),  # an aborted rank, then a store error
+        (["75", "75", "75"], {}, 3, 75),  # the budget (2 relaunches) is spent
+        (["75", "0"], {"RETRIES": "0"}, 1, 75),
+        (["1", "0"], {}, 1, 1),  # an ordinary error is not retried
+    ],
+)
+def test_transient_failure_relaunches_within_the_budget(
+    default_bake, tmp_path: Path, case: tuple[list[str], dict[str, str], int, int]
+) -> None:
+    codes, env, launches, status = case
+    project = _mini_project(default_bake.project, tmp_path)
+    job, state = _training_job(project, tmp_path, codes, **env)
+    out, _ = job.communicate(timeout=60)
+    assert (job.returncode, int((state / "launches").read_text())) == (status, launches), out
+    assert out.count("transient failure (exit code") == launches - 1
+
+
+def test_torchrun_restarts_from_the_same_setting(default_bake, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "scontrol", "echo node1")
+    code = 'PYTHON=(python); read_retries; launch_command train; echo "${STEP[*]}"'
+    res = _run_common_sh(
+        default_bake.project,
+        code,
+        f"{bin_dir}:/usr/bin:/bin",
+        LAUNCHER="torchrun",
+        RETRIES="3",
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_JOB_NODELIST="node1",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "--max-restarts=3" in res.stdout.split(), res.stdout
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tasks", "refused"),
+    [("0,1,2,3", "1", True), ("0,1,2,3", "4", False), ("0", "1", False), ("0,1", "2(x2)", False)],
+)
+def test_more_gpus_than_ranks_is_refused_with_the_fix(
+    default_bake, gpus: str, tasks: str, refused: bool
+) -> None:
+    res = _run_common_sh(
+        default_bake.project,
+        "check_gpus_per_rank",
+        CUDA_VISIBLE_DEVICES=gpus,
+        SLURM_NTASKS_PER_NODE=tasks,
+    )
+    assert (res.returncode == 2) == refused, res.stdout + res.stderr
+    if refused:
+        (line,) = res.stderr.splitlines()
+        assert "4 GPUs per node but 1 task(s) per node" in line
+        assert "--ntasks-per-node=4" in line
+
+
+def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> None:
+    project = default_bake.project
+    python = f"PY={sys.executable}"
+    plan = subprocess.run(
+        ["make", "-n", "gpu-check", python],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "-m pytest -m gpu tests/test_gpu.py" in plan.stdout
+    assert "benchmarks/bench_trainer.py --device cuda" in plan.stdout
+    # Budgets of the steps: within the 8 minutes the check promises.
+    assert sum(int(t) for t in re.findall(r"^timeout (\d+) ", plan.stdout, re.MULTILINE)) <= 480
+    # Without CUDA (here) it stops at once with one line instead of skipping every test.
+    res = subprocess.run(
+        ["make", "gpu-check", python], cwd=project, capture_output=True, text=True, check=False
+    )
+    assert res.returncode != 0
+    assert "make gpu-check: no CUDA device here" in res.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_mig_slices_of_a_preset_agree_with_their_memory(preset: str) -> None:
+    # A MIG profile names its memory (1g.20gb: 20 GB): the partition's gpu_memory and the
+    # interactive request must tell the same story as the slice type.
+    data = tomllib.loads((ROOT / "presets" / f"{preset}.toml").read_text())
+    for name, part in data["partitions"].items():
+        mig = re.fullmatch(r"\dg\.(\d+)gb", part["gpu_type"])
+        if mig:
+            assert part["gpu_memory"].startswith(f"{mig[1]}G"), (name, part)
+    request = data["interactive_gpu_request"].partition("=")[2].split(":")[-2]
+    interactive = data["partitions"].get(data["interactive_partition"])
+    if interactive and re.fullmatch(r"\dg\.\d+gb", request):
+        assert interactive["gpu_type"] == request

@@ -1,11 +1,14 @@
 #!/bin/bash
 # Train one run in N dependent segments: N slurm/train.sbatch jobs, each starting after the
-# previous one has ended in any way (afterany; afterok never fires after a time-out) and
-# resuming the same run from its latest checkpoint. Run it on the login node:
+# previous one has ended well (afterok) and resuming the same run from its latest checkpoint.
+# Run it on the login node:
 #   slurm/chain.sh N [key=value ...]
 #   e.g. slurm/chain.sh 4 run.name=long-run train.epochs=400
 # A segment ends at its time limit (USR1, checkpoint) or after run.max_steps_this_segment
-# steps; it does not requeue itself (AUTO_REQUEUE=0): the next segment continues the run.
+# steps; it does not requeue itself (AUTO_REQUEUE=0) but exits 0 after its checkpoint, so
+# Slurm records it COMPLETED and the next segment continues the run. A segment that failed
+# (an error, a time-out without checkpoint, scancel) ends the chain: the later segments are
+# cancelled (--kill-on-invalid-dep) instead of training on after a broken one.
 # The run name is run.name=... if given, else $RUN_NAME, else chain-<date>-<time>.
 # Slurm options for every segment go in sbatch's input variables, e.g.
 #   SBATCH_TIMELIMIT=4:00:00 SBATCH_PARTITION=... slurm/chain.sh 3
@@ -33,7 +36,7 @@ previous=""
 for ((segment = 1; segment <= segments; segment++)); do
     dependency=()
     if [[ -n "$previous" ]]; then
-        dependency=(--dependency="afterany:$previous")
+        dependency=(--dependency="afterok:$previous" --kill-on-invalid-dep=yes)
     fi
     # ${a[@]+...}: an empty array is fine under `set -u` on bash older than 4.4 too.
     previous=$(sbatch --parsable ${dependency[@]+"${dependency[@]}"} \

@@ -11,6 +11,13 @@
 #   AUTO_REQUEUE=1          0: exit after the checkpoint instead of requeueing (chain.sh sets it)
 #   MIN_WORK_SECONDS=120    a job whose limit leaves less training time before the stop
 #                           signal ends at once with an error instead of requeueing itself
+#   STOP_GRACE=SECONDS      how long before the limit the stop signal comes (default: a tenth
+#                           of the limit, 60-300 s, or more when an earlier stop of the run
+#                           took long; see stop_grace below)
+#   RETRIES=2               relaunches from the last checkpoint after a transient failure
+#                           (exit 75, or a rank aborted) before the job fails; torchrun's
+#                           --max-restarts
+# STOP_GRACE and RETRIES may also be set in .env.
 {%- if cookiecutter.environment in ('venv', 'uv') %}
 #   VENV_DIR=.venv          the virtual environment (made by `make install`)
 {%- elif cookiecutter.environment == 'conda' %}
@@ -22,6 +29,11 @@
 # Exit code of `{{ slug }} train` meaning "checkpoint written after a stop signal, please
 # requeue" (EXIT_REQUEUE in src/{{ slug }}/preemption.py; a template test keeps them equal).
 readonly EXIT_REQUEUE=3
+# Exit codes of a transient failure, worth a relaunch from the last checkpoint: 75 is what
+# `{{ slug }} train` exits with after a distributed (NCCL, store) error (EXIT_TRANSIENT in
+# src/{{ slug }}/diagnostics.py; a template test keeps them equal), 134 is srun's code for a
+# rank ended by SIGABRT, which is how NCCL's watchdog ends a rank stuck in a collective.
+readonly TRANSIENT_EXITS=" 75 134 "
 readonly PACKAGE={{ q(slug) }}
 # The variable naming the node-local disk where the data is staged (data.node_tmp_var).
 readonly NODE_TMP_VAR={{ q(preset.node_tmp_var) }}
@@ -147,12 +159,19 @@ activate_environment() {
 # scancel and the hard time limit send TERM to this shell as well: it notes it and does not
 # requeue, so a cancelled job stays cancelled.
 STOP_SIGNAL=""
+FIRST_SIGNAL=""
+STOP_AT=""
+GRACE=""
 SIGNALS_SEEN=0
 STEP_PID=""
 TIMER_PID=""
 JOB_STARTED=$SECONDS
 on_signal() {
     STOP_SIGNAL=$1
+    if [[ -z "$FIRST_SIGNAL" ]]; then
+        FIRST_SIGNAL=$1
+        STOP_AT=$SECONDS
+    fi
     SIGNALS_SEEN=$((SIGNALS_SEEN + 1))
     log "received SIG$1"
     if [[ "$1" == USR1 && -n "$STEP_PID" ]]; then
@@ -181,40 +200,103 @@ seconds_of() {
     echo $(((((10#$days * 24) + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
 }
 
+# The job's limit and time left in seconds ("LIMIT LEFT"); fails when Slurm names no limit.
+# squeue first, asked twice (a busy controller may not answer at once), then `scontrol show
+# job` (TimeLimit minus RunTime), then SLURM_JOB_START_TIME/SLURM_JOB_END_TIME (set in the
+# job by newer Slurm releases, no controller needed): one failing squeue call never leaves a
+# job without its stop signal. An answer of UNLIMITED is final.
+job_times() {
+    local times limit left run info start end now attempt
+    for attempt in 1 2; do
+        read -r -a times <<<"$(squeue -h -j "$SLURM_JOB_ID" -o '%l %L' 2>/dev/null)"
+        [[ "${times[0]:-}" != UNLIMITED ]] || return 1
+        if limit=$(seconds_of "${times[0]:-}") && left=$(seconds_of "${times[1]:-}"); then
+            echo "$limit $left"
+            return 0
+        fi
+        ((attempt == 2)) || sleep 2
+    done
+    info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null || true)
+    if [[ "$info" =~ TimeLimit=([^[:space:]]+) ]] && limit=$(seconds_of "${BASH_REMATCH[1]}") \
+        && [[ "$info" =~ RunTime=([^[:space:]]+) ]] && run=$(seconds_of "${BASH_REMATCH[1]}"); then
+        log "squeue gave no time limit; scontrol did" >&2
+        echo "$limit $((limit > run ? limit - run : 0))"
+        return 0
+    fi
+    start=${SLURM_JOB_START_TIME:-} end=${SLURM_JOB_END_TIME:-}
+    if [[ "$start" =~ ^[0-9]+$ && "$end" =~ ^[0-9]+$ ]] && ((end > start)); then
+        now=$(date +%s)
+        log "squeue and scontrol gave no time limit; SLURM_JOB_END_TIME did" >&2
+        echo "$((end - start)) $((end > now ? end - now : 0))"
+        return 0
+    fi
+    return 1
+}
+
+# Where the stop of a run records how long it took (signal to exit), for the grace of the
+# run's next segment: logs/.stop-seconds-<run name, else job id>.
+stop_record() {
+    local key=${RUN_KEY:-${SLURM_JOB_ID:-}}
+    printf 'logs/.stop-seconds-%s' "${key//\//_}"
+}
+
+# Sets GRACE, the seconds between the stop signal and the limit, and GRACE_WHY. The stop must
+# end within it: the next step boundary, a validation in progress, the checkpoint. When the
+# limit's SIGTERM comes first, the save may be cut off by the kill that follows it.
+# STOP_GRACE (environment or .env) wins. Else a tenth of the limit, at least 60 s (the
+# checkpoint, and the margin Slurm's own timing needs) and at most 300 s; raised to twice what
+# the last stop of this run took plus 30 s when that is more, so a checkpoint that grew (a
+# bigger model, a slower file system) still ends before the limit on the next segment.
+stop_grace() {
+    local limit=$1 given took
+    given=$(env_or_dotenv STOP_GRACE)
+    if [[ -n "$given" ]]; then
+        [[ "$given" =~ ^[1-9][0-9]*$ ]] || die "STOP_GRACE=$given: give whole seconds, e.g. 600"
+        GRACE=$((10#$given))
+        GRACE_WHY="STOP_GRACE"
+        return 0
+    fi
+    GRACE=$((limit / 10))
+    ((GRACE >= 60)) || GRACE=60
+    ((GRACE <= 300)) || GRACE=300
+    GRACE_WHY="a tenth of the limit, 60-300 s"
+    took=$(cat "$(stop_record)" 2>/dev/null || true)
+    if [[ "$took" =~ ^[0-9]+$ ]] && ((2 * took + 30 > GRACE)); then
+        GRACE=$((2 * took + 30))
+        GRACE_WHY="twice the ${took} s the last stop of this run took, plus 30 s"
+    fi
+}
+
 # Send this shell USR1 a grace time before the job's actual limit. Read at the start of every
-# segment from Slurm (squeue's limit and time left), not fixed when the script was written:
-# so a `--time` given to sbatch, a requeued segment and a job that waited in the queue all get
-# the right moment. The grace is a tenth of the limit, at least 60 s (checkpoint, and the
-# margin Slurm's own timing needs) and at most 300 s. A limit that leaves less than
-# MIN_WORK_SECONDS of training before the signal would checkpoint almost nothing and requeue
-# over and over (GWDG asks for jobs of an hour or more): such a job stops here, with an error.
-# That decision looks at the limit, not at the time left, so the seconds a segment has already
-# spent starting never turn an accepted limit into a refused one on a later segment.
+# segment from Slurm (the limit and the time left), not fixed when the script was written: so
+# a `--time` given to sbatch, a requeued segment and a job that waited in the queue all get
+# the right moment. A limit that leaves less than MIN_WORK_SECONDS of training before the
+# signal would checkpoint almost nothing and requeue over and over (GWDG asks for jobs of an
+# hour or more): such a job stops here, with an error. That decision looks at the limit, not
+# at the time left, so the seconds a segment has already spent starting never turn an
+# accepted limit into a refused one on a later segment.
 # A limit changed with `scontrol update` after the start is not followed; the hard limit
 # still sends TERM, on which the training checkpoints too.
 schedule_stop() {
-    local times limit left grace work minimum=${MIN_WORK_SECONDS:-120}
+    local limit left work minimum=${MIN_WORK_SECONDS:-120}
     [[ -n "${SLURM_JOB_ID:-}" ]] || return 0
-    read -r -a times <<<"$(squeue -h -j "$SLURM_JOB_ID" -o '%l %L' 2>/dev/null)"
-    if ! limit=$(seconds_of "${times[0]:-}") || ! left=$(seconds_of "${times[1]:-}"); then
+    if ! read -r limit left < <(job_times); then
         log "no time limit found for job $SLURM_JOB_ID: no stop signal scheduled"
         return 0
     fi
-    grace=$((limit / 10))
-    ((grace >= 60)) || grace=60
-    ((grace <= 300)) || grace=300
-    if ((limit - grace < minimum)); then
-        log "error: the time limit of ${limit} s leaves $((limit - grace)) s of training before" \
-            "the stop signal ${grace} s ahead of it, less than MIN_WORK_SECONDS=${minimum}." \
-            "Ask for a longer --time (at least $(((minimum + 60 + 59) / 60)) minutes; jobs of an hour" \
+    stop_grace "$limit"
+    if ((limit - GRACE < minimum)); then
+        log "error: the time limit of ${limit} s leaves $((limit - GRACE)) s of training before" \
+            "the stop signal ${GRACE} s ahead of it, less than MIN_WORK_SECONDS=${minimum}." \
+            "Ask for a longer --time (at least $(((minimum + GRACE + 59) / 60)) minutes; jobs of an hour" \
             "or more are kinder to the scheduler). Not starting and not requeueing."
         exit 2
     fi
-    work=$((left > grace ? left - grace : 0))
+    work=$((left > GRACE ? left - GRACE : 0))
     if ((limit < 3600)); then
         log "note: a limit under one hour makes many short jobs; GWDG asks for at least 1 h"
     fi
-    log "time left ${left} s: USR1 to stop in ${work} s, ${grace} s before the limit"
+    log "time left ${left} s: USR1 to stop in ${work} s, ${GRACE} s before the limit ($GRACE_WHY)"
     # The timer's sleep ends with it (on_exit stops the timer when the job ends first).
     (
         trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
@@ -223,6 +305,45 @@ schedule_stop() {
         wait "$sleeper" && kill -s USR1 $$
     ) &
     TIMER_PID=$!
+}
+
+# After a stop: how long it took from the first signal to the training's exit, against the
+# grace; recorded for the grace of the run's next segment when the checkpoint was written.
+report_stop() {
+    local rc=$1 took
+    [[ -n "$STOP_AT" ]] || return 0
+    took=$((SECONDS - STOP_AT))
+    log "the stop took ${took} s from SIG$FIRST_SIGNAL to the training's exit${GRACE:+ (grace ${GRACE} s)}"
+    if [[ -n "$GRACE" ]] && ((2 * took > GRACE)); then
+        log "warning: the stop took ${took} s, more than half the ${GRACE} s grace before the" \
+            "limit; a slower checkpoint would be cut off. The next segment of this run waits" \
+            "$((2 * took + 30)) s; set STOP_GRACE=$((2 * took + 30)) (or more) to fix it for every job."
+    fi
+    if ((rc == EXIT_REQUEUE)) && [[ -d logs ]]; then
+        echo "$took" >"$(stop_record)" 2>/dev/null || true
+    fi
+}
+
+# Whether the SIGTERM this job got is its time limit's: Slurm then gives the ending job the
+# reason TimeLimit; after scancel the reason stays None (both COMPLETING; Slurm 22.05, checked).
+# `scontrol requeue` from the TERM trap works in that state: the job runs again.
+at_time_limit() {
+    scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q 'Reason=TimeLimit'
+}
+
+# One rank per GPU: a job given more GPUs on a node than tasks there would train on the first
+# GPU of each rank and leave the others idle, billed all the same. Fewer GPUs than ranks is
+# refused by the trainer's device check.
+check_gpus_per_rank() {
+    local gpus tasks=${SLURM_NTASKS_PER_NODE:-}
+    tasks=${tasks%%(*}  # "4(x2)" on some releases
+    [[ -n "${CUDA_VISIBLE_DEVICES:-}" && "$tasks" =~ ^[0-9]+$ ]] || return 0
+    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    if ((gpus > tasks)); then
+        die "this job has $gpus GPUs per node but $tasks task(s) per node, so $((gpus - tasks))" \
+            "GPU(s) would idle: ask for one task per GPU, e.g. sbatch --ntasks-per-node=$gpus" \
+            "(and --mem for $gpus GPUs) with the same GPU request"
+    fi
 }
 
 # Requeue this job (an array task by its own id), within the retry budget.
@@ -317,7 +438,7 @@ launch_command() {
             STEP=(srun --wait=30 --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES"
                 --cpus-per-task="$((${SLURM_CPUS_PER_TASK:-1} * per_node))"
                 "${PYTHON[@]}" -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES"
-                --nproc-per-node="$per_node" --rdzv-backend=c10d
+                --nproc-per-node="$per_node" --max-restarts="$RETRIES" --rdzv-backend=c10d
                 --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID"
                 -m "$PACKAGE" "$@")
             ;;
@@ -347,13 +468,50 @@ log_node_storage() {
     fi
 }
 
+# The run's name as the job knows it (RUN_NAME, a run.name=... argument), else the job id.
+run_key() {
+    local key=${RUN_NAME:-} arg
+    for arg; do
+        [[ "$arg" != run.name=* ]] || key=${arg#run.name=}
+    done
+    printf '%s' "${key:-${SLURM_JOB_ID:-}}"
+}
+
+# Sets RETRIES from the environment or .env (default 2), checked.
+read_retries() {
+    RETRIES=$(env_or_dotenv RETRIES)
+    RETRIES=${RETRIES:-2}
+    [[ "$RETRIES" =~ ^[0-9]+$ ]] || die "RETRIES=$RETRIES: give a whole number, e.g. 2"
+}
+
+# Start the step in the background and wait for it; a trapped signal interrupts `wait`
+# (status > 128), the next `wait` returns the step's own status. Sets rc.
+run_step() {
+    local seen
+    log "launch: ${STEP[*]}"
+    "${STEP[@]}" &
+    STEP_PID=$!
+    while true; do
+        seen=$SIGNALS_SEEN
+        rc=0
+        wait "$STEP_PID" || rc=$?
+        ((SIGNALS_SEEN != seen && rc > 128)) || break
+    done
+    STEP_PID=""
+    log "training step ended with exit code $rc"
+}
+
 # Run `python -m PACKAGE "$@"` on every rank of the allocation and act on the outcome:
-# exit code 0 finishes the job; EXIT_REQUEUE after USR1 requeues it (within the budget).
+# exit code 0 finishes the job; EXIT_REQUEUE after USR1 requeues it (within the budget); a
+# transient failure relaunches the step (RETRIES times), which resumes from the last checkpoint.
 run_training() {
-    local rc seen
+    local rc attempt=0
+    RUN_KEY=$(run_key "$@")
     log "job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_JOB_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}" \
         "on ${SLURM_JOB_NODELIST:-$(hostname)}, restart ${SLURM_RESTART_COUNT:-0}," \
         "commit $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+    read_retries
+    check_gpus_per_rank
     schedule_stop
     # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
     if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
@@ -370,27 +528,30 @@ run_training() {
             "not requeueing (is the time limit too short for the set-up?)"
         exit 1
     fi
-    log "launch: ${STEP[*]}"
-    "${STEP[@]}" &
-    STEP_PID=$!
-    while true; do
-        seen=$SIGNALS_SEEN
-        rc=0
-        wait "$STEP_PID" || rc=$?
-        # A trapped signal interrupts `wait` (status > 128); the next `wait` returns the step's
-        # own status, at once if it has ended meanwhile.
-        ((SIGNALS_SEEN != seen && rc > 128)) || break
+    run_step
+    # torchrun restarts its workers itself (--max-restarts); with srun the script relaunches.
+    while [[ -z "$STOP_SIGNAL" && "$TRANSIENT_EXITS" == *" $rc "* && "${LAUNCHER:-srun}" == srun ]] \
+        && ((attempt < RETRIES)); do
+        attempt=$((attempt + 1))
+        log "transient failure (exit code $rc): relaunch $attempt of at most $RETRIES (RETRIES)," \
+            "resuming from the last checkpoint"
+        run_step
     done
-    log "training step ended with exit code $rc"
+    report_stop "$rc"
 
     local wants_requeue=0
     if [[ "${LAUNCHER:-srun}" == torchrun ]]; then
-        [[ "$STOP_SIGNAL" == USR1 && $rc -ne 0 ]] && wants_requeue=1
+        [[ "$FIRST_SIGNAL" == USR1 && $rc -ne 0 ]] && wants_requeue=1
     elif ((rc == EXIT_REQUEUE)); then
         wants_requeue=1
     fi
     if ((wants_requeue)); then
-        if [[ "$STOP_SIGNAL" == TERM ]]; then
+        # The limit's SIGTERM may overtake a stop that began with USR1 (a slow checkpoint):
+        # the checkpoint was written all the same, so the job goes on unless it was cancelled.
+        if [[ "$STOP_SIGNAL" == TERM && "$FIRST_SIGNAL" == USR1 ]] && at_time_limit; then
+            log "the time limit's SIGTERM came during the stop that USR1 began; the checkpoint" \
+                "is written, so the job goes on (a larger STOP_GRACE avoids the race)"
+        elif [[ "$STOP_SIGNAL" == TERM ]]; then
             log "stopped by SIGTERM (scancel or the hard limit): checkpoint kept, no requeue"
             exit "$rc"
         fi

@@ -1,6 +1,8 @@
 """Data preparation, node-local staging and the `.env` file."""
 
+import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +89,63 @@ def test_staging_copies_once_and_refuses_changed_files(
         data.stage(source, off, local_rank=0)  # read in place: checked all the same
     data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
     assert data.stage(source, off, local_rank=0) == source
+
+
+def test_staging_trusts_its_own_verified_copy_within_a_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "processed" / "set"
+    data.prepare(Writes(source, {f"{i}.bin": bytes([i]) * 1000 for i in range(20)}))
+    cfg = config.load_config(None, [])
+    node = tmp_path / "node"
+    node.mkdir()
+    monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    hashed: list[Path] = []
+    real_sha256 = data._sha256
+    monkeypatch.setattr(data, "_sha256", lambda path: hashed.append(path) or real_sha256(path))
+    staged = data.stage(source, cfg, local_rank=0)
+    assert sorted(p.name for p in staged.iterdir() if p.suffix == ".bin") == sorted(
+        f"{i}.bin" for i in range(20)
+    )
+    assert data.stage(source, cfg, local_rank=0) == staged  # the next segment of job 41
+    assert hashed == []  # hashed while copying; trusted by size and time afterwards
+    os.utime(staged / "3.bin", ns=(0, 0))  # touched since: checked again, in full
+    assert data.stage(source, cfg, local_rank=0) == staged
+    assert len(hashed) == 20
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # another job on this node checks the copy
+    hashed.clear()
+    data.stage(source, cfg, local_rank=0)
+    assert len(hashed) == 20
+
+
+def test_staging_fails_with_one_line_when_the_node_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "processed" / "set"
+    data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
+    cfg = config.load_config(None, [])
+    node = tmp_path / "node"
+    node.mkdir()
+    monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
+    usage = shutil.disk_usage(node)
+    monkeypatch.setattr(data.shutil, "disk_usage", lambda _p: usage._replace(free=10**6))
+    with pytest.raises(pkg("errors").DataError) as full:
+        data.stage(source, cfg, local_rank=0)
+    assert len(str(full.value).splitlines()) == 1
+    message = str(full.value)
+    assert "only 0.00 GB free there; free space or set data.stage_to_node_tmp=false" in message
+    monkeypatch.undo()  # space is checked first; a disk that fills up while copying:
+    monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
+
+    def no_space(_source: Path, target: Path) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(data, "_copy_hashed", no_space)
+    with pytest.raises(pkg("errors").DataError, match=r"x\.bin: no space left on \$") as err:
+        data.stage(source, cfg, local_rank=0)
+    assert len(str(err.value).splitlines()) == 1
+    assert not list((node / "processed").iterdir())  # nothing half-written left
 
 
 def test_dotenv_sets_paths_but_real_variables_win(project: Path) -> None:

@@ -6,7 +6,8 @@ overrides, e.g. `train train.epochs=3 run.name=try1`.
 Exit codes: 0 done, 1 error (one line on stderr, also for a file or folder that cannot be
 read or written; an unexpected exception, e.g. in task code or a DataLoader worker, prints its
 traceback first), 2 bad usage or configuration, 3 (`train` only) checkpointed after a stop
-signal (USR1, TERM or a first Ctrl-C), requeue me, 130 interrupted (a second Ctrl-C).
+signal (USR1, TERM or a first Ctrl-C), requeue me; 75 (`train` only) a distributed failure,
+worth a relaunch; 130 interrupted (a second Ctrl-C).
 """
 
 import argparse
@@ -63,10 +64,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = get_settings()
     cfg = _config(args, settings)
     check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
-    from .trainer import train  # noqa: PLC0415  (imports torch)
+    from . import diagnostics  # noqa: PLC0415  (imports torch)
+    from .trainer import run_name, train  # noqa: PLC0415
 
+    name = run_name(cfg, os.environ)
+    if not (cfg.run.name or os.environ.get("RUN_NAME") or os.environ.get("SLURM_JOB_ID")):
+        cfg.run.name = name  # a timestamp, taken once: the diagnostics use the trainer's folder
     try:
-        return train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings)).exit_code
+        with diagnostics.session(settings.runs_dir / name, cfg.run.debug, cfg.run.profile_steps):
+            result = train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings))
     except DataError as err:
         if (settings.processed_dir / cfg.task.name).is_dir():
             raise
@@ -74,6 +80,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = [f"--config={args.config}"] if args.config else []
         command = " ".join([PROG, "prepare", *config, *args.overrides])
         raise DataError(f"{err}; for this task and settings: `{command}`") from None
+    except Exception as err:  # a full disk: one line naming where; a distributed failure: the
+        # one line and the code the job script relaunches on
+        if failure := diagnostics.write_failure(err, settings.runs_dir / name):
+            raise failure from None
+        if not diagnostics.is_transient(err):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {first} (transient: exit {diagnostics.EXIT_TRANSIENT})", file=sys.stderr)
+        return diagnostics.EXIT_TRANSIENT
+    return result.exit_code
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -133,6 +149,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
+    if args.site:
+        from .sitecheck import run_site_check  # noqa: PLC0415
+
+        run_site_check(settings.project_root)
+        return 0
     cfg = _config(args, settings)
     from .doctor import run_doctor  # noqa: PLC0415  (imports torch)
 
@@ -168,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         if name == "doctor":
             command.add_argument("--quick", action="store_true", help="skip the speed tests")
+            command.add_argument(
+                "--site",
+                action="store_true",
+                help="compare the cluster preset (configs/cluster.toml) with sinfo and scontrol",
+            )
         if name == "plan":
             command.add_argument(
                 "--gpus", type=int, default=0, help="GPUs in all (default: configs/cluster.toml)"

@@ -46,6 +46,8 @@ class RunConfig:
     best_metric: str = ""  # a validation metric of the task: keep its best weights in best.pt
     best_mode: str = "min"  # min | max: which values of best_metric are better
     figures: bool = True
+    profile_steps: int = 0  # >0: a torch profiler trace of this many steps in the run folder
+    debug: bool = False  # NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, OOM allocation history
 
 
 @dataclass
@@ -174,6 +176,7 @@ UPPER_BOUNDS: dict[str, float] = {
     "run.checkpoint_every_minutes": 7 * 24 * 60,
     "run.keep_checkpoints": 10_000,
     "run.max_steps_this_segment": 10**12,
+    "run.profile_steps": 10_000,
     "data.in_memory_max_gb": 10**6,
     "data.prefetch_factor": 1024,
     "model.hidden": 10**6,

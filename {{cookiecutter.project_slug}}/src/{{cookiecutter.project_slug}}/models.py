@@ -6,6 +6,7 @@ builds its own network. Add an architecture here as a function and a name in `AR
 
 import math
 
+import torch
 from torch import nn
 
 from .config import ModelConfig
@@ -23,6 +24,18 @@ def mlp(input_shape: tuple[int, ...], outputs: int, cfg: ModelConfig) -> nn.Modu
     return nn.Sequential(*layers)
 
 
+class GlobalAvgPool(nn.Module):
+    """The mean over height and width, keeping them as 1 x 1 (as `AdaptiveAvgPool2d(1)` does).
+
+    Written as a mean because its backward is deterministic on CUDA; AdaptiveAvgPool2d's
+    backward kernel is not, so `run.deterministic` runs would not repeat bit for bit.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, C, 1, 1)."""
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
 def cnn(input_shape: tuple[int, ...], outputs: int, cfg: ModelConfig) -> nn.Module:
     """Two conv-BN-ReLU blocks with pooling, global average pooling and a linear head."""
     channels, width = input_shape[0], cfg.channels
@@ -38,7 +51,7 @@ def cnn(input_shape: tuple[int, ...], outputs: int, cfg: ModelConfig) -> nn.Modu
         *block(channels, width),
         nn.MaxPool2d(2),
         *block(width, 2 * width),
-        nn.AdaptiveAvgPool2d(1),
+        GlobalAvgPool(),
         nn.Flatten(),
         nn.Dropout(cfg.dropout),
         nn.Linear(2 * width, outputs),

@@ -92,7 +92,7 @@ def configure_backends(deterministic: bool) -> None:
         # first cuBLAS call, which is why it is set here and not later.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # warn_only: a few CUDA kernels have no deterministic version (e.g. the backward of
-    # AdaptiveAvgPool2d in the CNN); PyTorch then warns once instead of stopping the run.
+    # AdaptiveAvgPool2d, which the CNN avoids); PyTorch then warns once instead of stopping.
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
