@@ -27,7 +27,7 @@ from . import checkpoint, checkpoint_io, distributed, names, optim, provenance, 
 from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
 from .config import Config, to_dict, to_toml
 from .data import check_same_data, processed_digest, stage
-from .errors import ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError
 from .evaluate import split_sums
 from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from .plots import plot_curves
