@@ -1,6 +1,7 @@
 """Evaluation: the task's sums over a split, and the `evaluate` command (test split)."""
 
 import json
+import math
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,16 @@ def split_sums(
     device: torch.device,
     dtype: torch.dtype | None,
     workers: int,
+    lockstep: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The task's `evaluate` sums over every sample of `dataset`, added over all processes.
 
     `denv` says which samples this process scores and whose sums are added; `DistEnv()`
     scores the whole split in this process alone, without any collective. Pass the unwrapped
     model: DDP's forward would sync buffers, and ranks may see different numbers of batches.
+    `lockstep` (a sharded model, whose every forward gathers parameters from all processes):
+    a process with fewer batches runs its last one again, unscored, until each has run as
+    many forwards as rank 0, which has the most; otherwise rank 0 would wait forever.
     """
     cfg = task.cfg
     set_mode(task, model, training=False)
@@ -49,13 +54,20 @@ def split_sums(
         prefetch_factor=cfg.data.prefetch_factor,
         collate=own_collate(task),
     )
+    forwards = 0
     with closing(batches):  # an error in `task.evaluate` ends the workers at once
         for raw in batches:
             batch = to_device(raw, device, cfg.model.channels_last)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 part = task.evaluate(model, batch)
+            forwards += 1
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    # Rank r scores samples r, r + world, ...: rank 0 has the most, ceil(n / world).
+    most = math.ceil(math.ceil(size(dataset) / denv.world_size) / cfg.train.batch_size)
+    for _ in range(most - forwards if lockstep and forwards else 0):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            task.evaluate(model, batch)
     set_mode(task, model, training=True)
     return distributed.sum_tensors(sums, denv, device)
 

@@ -471,6 +471,7 @@ class Trainer:
             device=self.device,
             dtype=self.dtype,
             workers=self.workers,
+            lockstep=self.strategy.sharded,
         )
         self.last_val = self.task.summarize(self.last_sums)
         self.keep_best()
