@@ -102,8 +102,8 @@ def test_staging_trusts_its_own_verified_copy_within_a_job(
     monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     hashed: list[Path] = []
-    real_sha256 = data._sha256
-    monkeypatch.setattr(data, "_sha256", lambda path: hashed.append(path) or real_sha256(path))
+    real_digest = data.file_digest
+    monkeypatch.setattr(data, "file_digest", lambda path: hashed.append(path) or real_digest(path))
     staged = data.stage(source, cfg, local_rank=0)
     assert sorted(p.name for p in staged.iterdir() if p.suffix == ".bin") == sorted(
         f"{i}.bin" for i in range(20)

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from . import hashcache
 from .errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"step-(\d+)\.(pt|dcp)")
@@ -133,15 +134,6 @@ def save_atomic(obj: Any, path: Path) -> str:
     return digest
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file, read in 8 MiB pieces."""
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while piece := f.read(8 << 20):
-            sha.update(piece)
-    return sha.hexdigest()
-
-
 def manifest_path(path: Path) -> Path:
     """Where the manifest of the checkpoint `path` lives: inside a folder, beside a file."""
     return path / MANIFEST if path.is_dir() else path.with_name(f"{path.name}.json")
@@ -178,7 +170,7 @@ def damaged(path: Path, names: list[str], sha256: dict[str, str]) -> str | None:
     for name in names:
         file = folder / name
         try:
-            actual = file_digest(file)
+            actual = hashcache.file_digest(file)
         except OSError as err:
             return f"{file}: unreadable ({err.strerror or err})"
         if actual != sha256[name]:

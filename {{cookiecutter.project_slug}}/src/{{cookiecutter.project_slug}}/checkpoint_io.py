@@ -25,7 +25,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, hashcache
 from .distributed import DistEnv
 from .errors import CheckpointError, NoIntactCheckpointError
 from .strategy import Strategy
@@ -130,7 +130,7 @@ class Checkpointer:
         rank, main = self.denv.rank, self.denv.is_main
         # Each rank hashes the files it wrote (`__<rank>_*`), rank 0 also the shared ones.
         mine = {
-            f.name: checkpoint.file_digest(f)
+            f.name: hashcache.file_digest(f)
             for f in sorted(tmp.iterdir())
             if f.name.startswith(f"__{rank}_") or (main and not f.name.startswith("__"))
         }

@@ -23,12 +23,14 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from .config import Config
 from .errors import DataError
-from .hashcache import HashCache
+from .hashcache import HashCache, file_digest
 from .task import Task
 
 DIGESTS = "SHA256SUMS"
@@ -39,21 +41,13 @@ STAGE_THREADS = 8
 STAGE_MARGIN = 256 * 2**20
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (DIGESTS, VERIFIED))
 
 
 def write_digests(folder: Path) -> None:
     """Record `<sha256>  <relative path>` of every file in `folder`."""
-    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in _files(folder)]
+    lines = [f"{file_digest(p)}  {p.relative_to(folder).as_posix()}\n" for p in _files(folder)]
     (folder / DIGESTS).write_text("".join(lines), encoding="utf-8")
 
 
@@ -96,7 +90,7 @@ def verify(folder: Path) -> None:
         except FileNotFoundError:
             missing = f"{path} is missing ({folder / DIGESTS} lists it): run prepare again"
             raise DataError(missing) from None
-        actual = cache.get(name, st) or _sha256(path)
+        actual = cache.get(name, st) or file_digest(path)
         if actual != digest:
             raise DataError(
                 f"{path} does not match {folder / DIGESTS}: it changed after prepare; "
@@ -108,22 +102,32 @@ def verify(folder: Path) -> None:
 
 def prepare(task: Task) -> str:
     """Run the task's `prepare` and swap the result in as `task.processed_dir`."""
-    target = task.processed_dir
+    with swapped_in(task.processed_dir) as tmp:
+        line = task.prepare(tmp)
+        write_digests(tmp)
+    return line
+
+
+@contextmanager
+def swapped_in(target: Path) -> Iterator[Path]:
+    """A fresh temporary folder beside `target` that replaces it when the block succeeds.
+
+    All or nothing: an error in the block leaves `target` as it was (or absent); the previous
+    `target` is removed only once the new one is in place.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        line = task.prepare(tmp)
-        write_digests(tmp)
+        yield tmp
         if target.exists():
             target.rename(old)
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return line
 
 
 def _copy_hashed(source: Path, target: Path) -> str:
@@ -233,4 +237,4 @@ def stage(folder: Path, cfg: Config, local_rank: int) -> Path:
 
 
 def _digest_or_none(path: Path) -> str | None:
-    return _sha256(path) if path.is_file() else None
+    return file_digest(path) if path.is_file() else None

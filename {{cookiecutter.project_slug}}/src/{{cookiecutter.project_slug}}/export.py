@@ -12,7 +12,6 @@ base (a `frozen` entry naming its parameters) is completed from the run's `model
 """
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 
 from . import checkpoint
 from .config import from_dict, to_toml
+from .data import swapped_in
 from .errors import CheckpointError
 from .pretrained import read_weights
 from .settings import Settings
@@ -114,22 +114,11 @@ def export_run(
     weights = with_frozen_base(found, settings)
     tensors = {name: _cast(t, DTYPES[dtype]) for name, t in weights.items()}
     config_text = to_toml(from_dict(found.config))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with swapped_in(out_dir) as tmp:
         metadata = {"run": run_dir.name, "step": str(found.step), "weights": which}
         save_file(tensors, tmp / MODEL_FILE, metadata=metadata)
         (tmp / "config.toml").write_text(config_text, encoding="utf-8")
         for path in tmp.iterdir():
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
     return out_dir

@@ -8,10 +8,21 @@ committed, and losing it only costs one full hash pass (``data verify --full`` i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in 8 MiB pieces."""
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while piece := f.read(8 << 20):
+            sha.update(piece)
+    return sha.hexdigest()
+
 
 _VERSION = 1
 
