@@ -307,14 +307,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _apply(cfg: Config, data: dict[str, Any], source: Path | None = None) -> None:
     """Set every value of ``data``; an error names ``source``, the file they come from."""
-    for section_name, table in data.items():
-        for key, value in table.items():
-            try:
+    try:
+        for section_name, table in data.items():
+            for key, value in table.items():
                 _set(cfg, f"{section_name}.{key}", value)
-            except ConfigError as err:
-                if source is None:
-                    raise
-                raise ConfigError(f"{source}: {err}") from None
+    except ConfigError as err:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def _apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
