@@ -114,7 +114,9 @@ def test_torchrun_variant_trains_the_same(
     project: JobProject, srun_run: tuple[str, dict], tmp_path: Path
 ) -> None:
     log, ranks = _two_node_run(project, tmp_path, "ddp-torchrun", LAUNCHER="torchrun")
-    assert "torch.distributed.run --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in log
+    # --max-restarts: torchrun restarts its workers after a transient failure (RETRIES, 2).
+    launch = "torch.distributed.run --nnodes=2 --nproc-per-node=1 --max-restarts=2"
+    assert f"{launch} --rdzv-backend=c10d" in log
     assert "run ddp-torchrun: 2 process(es) via torchrun" in log
     assert {r["node"] for r in ranks.values()} == {"node1", "node2"}
     assert same_weights(ranks["rank0.pt"]["model"], ranks["rank1.pt"]["model"])
