@@ -232,7 +232,15 @@ def _coerce(key: str, value: Any, kind: type, from_text: bool) -> Any:
     return value
 
 
-def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
+def _in_file(err: ConfigError, source: Path | None) -> ConfigError:
+    """``err`` with the file its setting came from in front (unchanged for an override)."""
+    return err if source is None else ConfigError(f"{source}: {err}")
+
+
+def _set(
+    cfg: Config, dotted: str, value: Any, from_text: bool = False, source: Path | None = None
+) -> None:
+    """Set one setting; `[task]` settings wait, with their file, until the task is known."""
     section_name, _, key = dotted.partition(".")
     sections = _sections(cfg)
     if section_name not in sections or not key:
@@ -245,7 +253,7 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
             '"digits" (or your task) in configs/train.toml, see docs/bring-your-own-task.md'
         )
     if section_name == "task" and key != "name":
-        cfg.task.options[key] = (value, from_text)  # typed once the task is known
+        cfg.task.options[key] = (value, from_text, source)  # typed once the task is known
         return
     section = sections[section_name]
     kinds = field_types(type(section))
@@ -254,19 +262,30 @@ def _set(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
     setattr(section, key, _coerce(dotted, value, kinds[key], from_text))
 
 
-def _type_task_options(cfg: Config) -> None:
-    """Coerce the `[task]` settings with the types of the task's Options dataclass."""
+def _type_task_options(cfg: Config, name_source: Path | None = None) -> None:
+    """Coerce the `[task]` settings with the types of the task's Options dataclass.
+
+    They are checked only here, once every layer is read, so each error names the file the
+    setting came from (`name_source`: the file that set `task.name`), as other tables' do.
+    """
     from .task import option_types  # noqa: PLC0415  (imports the task module and torch)
 
-    kinds = option_types(cfg.task.name)
+    try:
+        kinds = option_types(cfg.task.name)
+    except ConfigError as err:
+        raise _in_file(err, name_source) from None
     typed = {}
-    for key, (value, from_text) in cfg.task.options.items():
+    for key, (value, from_text, source) in cfg.task.options.items():
         if key not in kinds:
-            raise ConfigError(
+            unknown = ConfigError(
                 f"unknown config key 'task.{key}'; task {cfg.task.name!r} has "
                 f"{sorted(kinds) or 'no settings'}"
             )
-        typed[key] = _coerce(f"task.{key}", value, kinds[key], from_text)
+            raise _in_file(unknown, source)
+        try:
+            typed[key] = _coerce(f"task.{key}", value, kinds[key], from_text)
+        except ConfigError as err:
+            raise _in_file(err, source) from None
     cfg.task.options = typed
 
 
@@ -310,11 +329,9 @@ def _apply(cfg: Config, data: dict[str, Any], source: Path | None = None) -> Non
     try:
         for section_name, table in data.items():
             for key, value in table.items():
-                _set(cfg, f"{section_name}.{key}", value)
+                _set(cfg, f"{section_name}.{key}", value, source=source)
     except ConfigError as err:
-        if source is None:
-            raise
-        raise ConfigError(f"{source}: {err}") from None
+        raise _in_file(err, source) from None
 
 
 def _apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> None:
@@ -341,10 +358,15 @@ def load_config(
         if task_file.is_file():
             layers.append((task_file, _read_toml(task_file)))
     cfg = Config()
+    name_source = None  # the file that names the task, for an error about the name
     for source, data in layers:
         _apply(cfg, data, source)
+        if "name" in data.get("task", {}):
+            name_source = source
     _apply_overrides(cfg, overrides)
-    _type_task_options(cfg)
+    if any(item.partition("=")[0].strip() == "task.name" for item in overrides):
+        name_source = None
+    _type_task_options(cfg, name_source)
     validate(cfg)
     return cfg
 
