@@ -129,8 +129,19 @@ def test_pre_commit_catches_real_problems(
     }
     (project / "notebooks" / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
     run(["git", "add", "-A"], project)
-    done = run([tool("pre-commit"), "run", "--all-files"], project, CLEAN_ENV, timeout=900)
+    # What `copier update` leaves in a file both sides changed, unstaged, and exits 0 on.
+    job = project / "slurm" / "train.sbatch"
+    lines = job.read_text("utf-8").splitlines(keepends=True)
+    job.write_text(
+        "".join(lines[:3])
+        + "<<<<<<< before updating\n#SBATCH --time=01:00:00\n=======\n"
+        + "#SBATCH --time=02:00:00\n>>>>>>> after updating\n"
+        + "".join(lines[3:])
+    )
+    # The project's own `make lint`, with the test environment standing in for its .venv.
+    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV, timeout=900)
     assert done.returncode != 0
+    assert "slurm/train.sbatch:4: Merge conflict string '<<<<<<<' found" in done.stdout
     failed = {
         ln.rsplit(".", 1)[0].rstrip(".") for ln in done.stdout.splitlines() if ln.endswith("Failed")
     }
@@ -141,6 +152,7 @@ def test_pre_commit_catches_real_problems(
         "check-added-large-files",
         "detect-private-key",
         "nbstripout",
+        "check-merge-conflict",
     ):
         assert names[hook_id] in failed, f"{hook_id} did not fail:\n{done.stdout[-4000:]}"
     stripped = json.loads((project / "notebooks" / "explore.ipynb").read_text())
