@@ -15,6 +15,11 @@ DEMO := build/demo
 DEMO_ENV := build/demo-env
 DEMO_STAMP := $(DEMO_ENV)/.installed
 CPU_INDEX := https://download.pytorch.org/whl/cpu
+# The demo's commands, as a user types them in the project. One CPU thread: the example's
+# small model trains as fast on one, and beside other work two OpenMP threads on two shared
+# cores spin waiting for each other (six times the CPU time, measured on a loaded 2-core machine).
+DEMO_RUN := cd $(DEMO)/my_hpc_project && OMP_NUM_THREADS=1 PYTHONPATH=src \
+	../../demo-env/bin/python -m my_hpc_project
 PYTEST_ARGS ?=
 # The tests without Slurm run on two pytest workers (both cores of a CI machine; one test file
 # per worker at a time, so its module fixtures are made once). The real-Slurm tests then run
@@ -47,13 +52,21 @@ $(STAMP): requirements-test.txt
 	$(BIN)/pip install --quiet -r requirements-test.txt
 	touch $@
 
+# torch alone comes from the CPU index (--no-deps): its dependencies, like the rest, come from
+# the default index in the second install, which keeps the torch installed first. Only one
+# package is looked up on the CPU index: where it cannot be reached (a mirror or proxy, a
+# wheel in pip.conf's find-links), pip's retries cost seconds once, not once per package.
+# --no-compile: pip would byte-compile every module of every package (two thirds of the
+# install's CPU time); Python compiles the few the demo imports when it first imports them.
 $(DEMO_STAMP): requirements-demo.txt
 	$(PYTHON) -m venv $(DEMO_ENV)
-	$(DEMO_ENV)/bin/pip install --quiet "$(TORCH)" --index-url $(CPU_INDEX)
-	@$(DEMO_ENV)/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda and \
-	f"make demo: pip installed the CUDA {torch.version.cuda} build of torch, not the CPU \
+	$(DEMO_ENV)/bin/pip install --quiet --no-compile --no-deps "$(TORCH)" --index-url $(CPU_INDEX)
+	@# torch cannot be imported before its dependencies are in: its version.py says the build.
+	@$(DEMO_ENV)/bin/python -c 'import runpy, sys, sysconfig; \
+	cuda = runpy.run_path(sysconfig.get_path("platlib") + "/torch/version.py")["cuda"]; \
+	sys.exit(cuda and f"make demo: pip installed the CUDA {cuda} build of torch, not the CPU \
 	wheel of $(CPU_INDEX) (pip.conf names another index?)")'
-	$(DEMO_ENV)/bin/pip install --quiet -r requirements-demo.txt
+	$(DEMO_ENV)/bin/pip install --quiet --no-compile -r requirements-demo.txt "$(TORCH)"
 	touch $@
 
 demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its example end to end
@@ -61,9 +74,9 @@ demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its exam
 	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
 	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
 	$(DEMO_ENV)/bin/cookiecutter --no-input --output-dir $(DEMO) .
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project prepare
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project train run.name=demo
-	cd $(DEMO)/my_hpc_project && PYTHONPATH=src ../../demo-env/bin/python -m my_hpc_project evaluate --run demo
+	$(DEMO_RUN) prepare
+	$(DEMO_RUN) train run.name=demo
+	$(DEMO_RUN) evaluate --run demo
 	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 

@@ -539,6 +539,22 @@ def test_demo_installs_only_what_the_demo_needs(default_bake: Bake) -> None:
     assert recipe.startswith("$(DEMO_STAMP)")
     assert "$(BIN)" not in recipe
     assert "-r requirements-demo.txt" in makefile.split("$(DEMO_STAMP):", 1)[1].split("\n\n")[0]
+    # The install as make runs it: torch alone from the CPU index, then the rest with torch
+    # named again, or torch's own dependencies (typing-extensions, sympy, ...) never come in.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    dry = subprocess.run(
+        ["make", "-n", "-B", "build/demo-env/.installed"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    torch, rest = (shlex.split(ln) for ln in dry.splitlines() if "/pip install" in ln)
+    pinned = next(arg for arg in torch if arg.startswith("torch=="))
+    assert {"--no-deps", "https://download.pytorch.org/whl/cpu"} <= set(torch), torch
+    assert torch[torch.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    assert "-r" in rest and pinned in rest and "--index-url" not in rest, rest
 
 
 def test_generated_readme_states_the_job_of_the_answers(template: Path, tmp_path: Path) -> None:
