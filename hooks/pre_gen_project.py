@@ -961,6 +961,38 @@ def check_given(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list
     return errors
 
 
+def check_config(default_context: Mapping[str, Any]) -> list[str]:
+    """Cookiecutter's config file (``default_context``): answers only, no template syntax.
+
+    Checked by the pre-prompt hook before cookiecutter reads the file, because the file can
+    remove ``EarlyRules`` (``_extensions: []``) and cookiecutter then renders its values. No
+    underscore key (the template's options and derived values), and no template syntax or
+    invisible character in any text of a value, dictionary keys and list items included.
+    """
+    errors = []
+    for field, value in default_context.items():
+        if str(field).startswith("_"):
+            errors.append(_say(str(field), value, OWN_SETTING))
+        else:
+            found = (check_hostile_text(str(field), text) for text in _texts(value))
+            if message := next((m for m in found if m), ""):
+                errors.append(message)
+    return errors
+
+
+def _texts(value: object) -> Iterator[str]:
+    """Every text a value holds, as cookiecutter renders it (keys and items of nested ones)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(key)
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
 def check_rendered(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list[str]:
     """Cookiecutter and cruft, before the project folder: every answer, the options too.
 
