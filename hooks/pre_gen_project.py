@@ -1042,11 +1042,14 @@ class EarlyRules(Extension):
     hook, which checks them against its own version's presets fingerprint.
 
     A config file can also remove this extension (``_extensions: []`` in its
-    ``default_context``): the pre-generation hook then refuses the bake, but only after the
-    engine has rendered the config's values. Closing that too would take cookiecutter's
-    pre-prompt hook, which makes cookiecutter copy the whole template folder for every bake
-    (2.6 s -> 4.0 s per bake, measured) and which cruft never runs; a config file able to do
-    that can as well point ``abbreviations`` at another template, which no template can stop.
+    ``default_context``). cookiecutter runs ``hooks/pre_prompt.py`` first, which refuses such
+    a file before anything is rendered (``check_config``). cruft runs no pre-prompt hook and
+    no other code of the template before it renders the config's values (its
+    ``generate_cookiecutter_context``: ``get_user_config``, ``generate_context``,
+    ``prompt_for_config``, for create, link, update, check and diff alike): there the
+    pre-generation hook refuses the bake, after the values were rendered. A config file able
+    to do that can as well point ``abbreviations`` at another template, which no template
+    can stop.
 
     Asking interactively, each typed answer is checked when the engine renders the next
     question's default, and asked again until it passes (copier does the same), so a bad
