@@ -982,8 +982,8 @@ def check_given(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list
 def check_config(default_context: Mapping[str, Any]) -> list[str]:
     """Cookiecutter's config file (``default_context``): answers only, no template syntax.
 
-    Checked by the pre-prompt hook before cookiecutter reads the file, because the file can
-    remove ``EarlyRules`` (``_extensions: []``) and cookiecutter then renders its values. No
+    Checked by the pre-prompt hook before cookiecutter renders any of it, because the file
+    can remove ``EarlyRules`` (``_extensions: []``) and cookiecutter renders its values. No
     underscore key (the template's options and derived values), and no template syntax or
     invisible character in any text of a value, dictionary keys and list items included.
     """
