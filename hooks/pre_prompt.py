@@ -75,12 +75,10 @@ def config_path(argv: list[str]) -> Path | None:
     config_file, default = cookiecutter_options(argv)
     if default:
         return None
-    if config_file:
-        # cookiecutter read a relative path from the folder it was started in; it now works
-        # in its copy of the template, and only the shell's PWD still names that folder.
+    # cookiecutter read a relative path from the folder it was started in; it now works in
+    # its copy of the template, and only the shell's PWD still names that folder.
+    if config_file := config_file or os.environ.get("COOKIECUTTER_CONFIG"):
         return Path(os.environ.get("PWD", "."), config_file)
-    if os.environ.get("COOKIECUTTER_CONFIG"):
-        return Path(os.environ["COOKIECUTTER_CONFIG"])
     rc = Path("~/.cookiecutterrc").expanduser()
     return rc if rc.is_file() else None
 

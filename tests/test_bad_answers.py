@@ -477,7 +477,7 @@ def test_a_config_that_removes_the_rules_runs_no_code(
     if route == "--config-file":  # relative: cookiecutter reads it from where it started
         args += ["--config-file", config.name]
     elif route == "COOKIECUTTER_CONFIG":
-        env["COOKIECUTTER_CONFIG"] = str(config)
+        env["COOKIECUTTER_CONFIG"] = config.name  # relative too
     else:
         (home / ".cookiecutterrc").write_text(config.read_text("utf-8"), "utf-8")
         config = home / ".cookiecutterrc"

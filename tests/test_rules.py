@@ -347,6 +347,8 @@ def test_pre_prompt_hook_finds_the_config_cookiecutter_reads(
     assert hook.config_path(cli) == tmp_path / ".cookiecutterrc"
     monkeypatch.setenv("COOKIECUTTER_CONFIG", str(tmp_path / "env.yaml"))
     assert hook.config_path(cli) == tmp_path / "env.yaml"
+    monkeypatch.setenv("COOKIECUTTER_CONFIG", "env.yaml")  # relative: to where it started
+    assert hook.config_path(cli) == tmp_path / "start" / "env.yaml"
     assert hook.config_path([*cli, "--config-file", "c.yaml"]) == tmp_path / "start" / "c.yaml"
     assert hook.config_path([*cli, "--config-file", "c.yaml", "--default-config"]) is None
     missing = hook.config_errors(tmp_path / "missing.yaml")
