@@ -15,9 +15,10 @@ Four measurements on CPU, each side by side in this run:
   the trainer does) vs read whole, each in a fresh process, before and after touching every
   tensor.
 
-The last line is
+The last line is (one line)
 
-    scale: fsdp/ddp step=<r> state=<r> rss=<r> build=<r> | lost async/sync=<r> | load mmap/full rss=<r>
+    scale: fsdp/ddp step=<r> state=<r> rss=<r> build=<r> | lost async/sync=<r> |
+    load mmap/full rss=<r>
 
 Usage: python benchmarks/bench_scale.py [--width 1024] [--depth 8] [--load-mb 400]
 """
