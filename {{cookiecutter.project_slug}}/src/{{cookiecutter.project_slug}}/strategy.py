@@ -174,9 +174,14 @@ class Strategy:
         """Digest of the frozen parameters `keys` (cached: frozen weights do not change)."""
         index = tuple(sorted(keys))
         if index not in self._digests:
-            params = dict(net.named_parameters())
-            self._digests[index] = tensor_digest((k, params[k]) for k in index)
+            weights = self.weights(net)
+            self._digests[index] = tensor_digest((k, weights[k]) for k in index)
         return self._digests[index]
+
+    def weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state dict as this process holds it."""
+        weights: dict[str, torch.Tensor] = net.state_dict()
+        return weights
 
     def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Model (without frozen parameters) and optimizer state, as this strategy saves them."""
@@ -285,10 +290,19 @@ class FSDP(Strategy):
         """Whether every shard on every process is finite (one all-reduce)."""
         return not distributed.any_rank([not self.local_finite(net)], self.device)[0]
 
+    def weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The sharded parameters and buffers, whatever FSDP's state.
+
+        After a forward pass the root's parameters are whole (and in the compute dtype) until
+        resharded, which a state dict does first.
+        """
+        weights: dict[str, torch.Tensor] = get_model_state_dict(net)
+        return weights
+
     def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Sharded state keyed by parameter names: it loads into any number of processes."""
         skip = set(self.frozen_keys(net))
-        weights = {k: v for k, v in get_model_state_dict(net).items() if k not in skip}
+        weights = {k: v for k, v in self.weights(net).items() if k not in skip}
         return {"model": weights, "optimizer": get_optimizer_state_dict(net, optimizer)}
 
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
