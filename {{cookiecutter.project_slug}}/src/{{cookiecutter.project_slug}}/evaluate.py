@@ -15,6 +15,7 @@ from .batches import eval_batches, size, to_device
 from .config import Config, from_dict
 from .distributed import DistEnv
 from .errors import CheckpointError
+from .export import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
 from .settings import Settings
 from .task import Task, load_task, own_collate, set_mode
@@ -95,7 +96,11 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     datasets = task.datasets(task.processed_dir)
     device = pick_device(device_name, DistEnv())
     model = task.build_model().to(device)
-    checkpoint.load_model(model, state["model"], f"run {run_dir.name}")
+    # A frozen base the checkpoint left out (LoRA) is read again from the run's model.init_from.
+    frozen = list((state.get("frozen") or {}).get("keys", []))
+    step = state["position"]["step"]
+    found = RunWeights(state["model"], state["config"], step, run_dir, frozen)
+    checkpoint.load_model(model, with_frozen_base(found, settings), f"run {run_dir.name}")
     sums = split_sums(
         task,
         model,
@@ -108,7 +113,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     result = {
         "run": run_dir.name,
         "task": cfg.task.name,
-        "step": state["position"]["step"],
+        "step": step,
         "split": "test",
         "samples": size(datasets.test),
         **task.summarize(sums),
