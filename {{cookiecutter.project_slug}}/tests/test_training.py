@@ -179,8 +179,8 @@ class ValPids(Blobs):
 
 
 def test_validation_workers_serve_every_pass_and_end_with_training(project: Path) -> None:
-    args = ["task.samples=dicts", "data.num_workers=2", "train.epochs=3", "run.name=pids"]
-    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *FAST, *args])
+    args = ["task.samples=dicts", "data.num_workers=2", "train.epochs=3", "train.batch_size=32"]
+    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *FAST, *args, "run.name=pids"])
     task = ValPids(cfg, pkg("settings").get_settings())
     task.pids = set()
     trainer.train(task.cfg, task)
