@@ -195,9 +195,9 @@ def test_images_prepare_packs_the_files_into_shards(example_project: Path) -> No
     assert 0 <= int(label) < 10
     # Training samples are augmented: a batch's draws depend on its epoch, not on chance.
     loader = pkg("batches").SeededSamples(sets.train, seed=0)
-    first = [image for image, _ in loader.__getitems__([(3, 5), (3, 9)])]
-    again = [image for image, _ in loader.__getitems__([(3, 5), (3, 9)])]
-    later = [image for image, _ in loader.__getitems__([(4, 5), (4, 9)])]
+    first = [image for image, _ in loader.__getitems__(pkg("batches").BatchKey(3, [5, 9]))]
+    again = [image for image, _ in loader.__getitems__(pkg("batches").BatchKey(3, [5, 9]))]
+    later = [image for image, _ in loader.__getitems__(pkg("batches").BatchKey(4, [5, 9]))]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0], later[0])
 

@@ -1,8 +1,9 @@
 """The training loop: one function, `train`, from configuration to checkpoints and figures.
 
 Read top to bottom: set-up (devices, process group, data, model), resume, the loop, the end.
-The loop only does work a hand-written loop would do; everything else (logging, checkpoint and
-stop decisions) happens every `log_every_steps` steps or at step boundaries. Everything that
+The loop only does work a hand-written loop would do; logging happens every `log_every_steps`
+steps, and the ranks agree on stops and due checkpoints with a vote that never waits for the
+GPU (`distributed.StepVote`). Everything that
 belongs to the research problem (data, model, loss, metrics, figures) is asked of the task
 (task.py); nothing here needs an edit for a new problem.
 """
@@ -14,7 +15,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,14 @@ import numpy as np
 import torch
 
 from . import checkpoint, checkpoint_io, distributed, names, optim, provenance, strategy
-from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
+from .batches import (
+    EvalBatches,
+    check_first_sample,
+    make_train_batches,
+    size,
+    tensor_bytes,
+    to_device,
+)
 from .config import Config, to_dict, to_toml
 from .data import check_same_data, processed_digest, stage
 from .errors import CheckpointError, ConfigError, DataError
@@ -254,6 +262,9 @@ class Trainer:
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
         self.scheduler = task.schedule(self.optimizer, self.total_steps)
         self.dtype = autocast_dtype(cfg.train.precision, device)
+        # fp32: no autocast context at all (a disabled one still costs microseconds a step).
+        cast = partial(torch.autocast, device.type, self.dtype)
+        self.autocast = cast if self.dtype else nullcontext
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
 
@@ -270,18 +281,20 @@ class Trainer:
         self.tracker_saved: dict[str, str] | None = None  # W&B/MLflow run to continue
         self.last_val: dict[str, float] = {}
         self.last_sums: dict[str, torch.Tensor] = {}
+        self.vote = distributed.StepVote()
         # Last: the DataLoader workers start here, so nothing above can leave them behind.
-        self.batches = make_train_batches(
-            train_set,
-            in_memory=self.in_memory,
-            batch_size=cfg.train.batch_size,
-            denv=denv,
-            seed=cfg.run.seed,
-            device=device,
-            num_workers=self.workers,
-            prefetch_factor=cfg.data.prefetch_factor,
-            collate=own_collate(task),
-        )
+        # Validation keeps its own workers from pass to pass (they start with its first).
+        feed: dict[str, Any] = {
+            "batch_size": cfg.train.batch_size,
+            "denv": denv,
+            "seed": cfg.run.seed,
+            "device": device,
+            "num_workers": self.workers,
+            "prefetch_factor": cfg.data.prefetch_factor,
+            "collate": own_collate(task),
+        }
+        self.val_batches = EvalBatches(datasets.val, **feed)
+        self.batches = make_train_batches(train_set, in_memory=self.in_memory, **feed)
 
     def __enter__(self) -> "Trainer":
         """Lock the run directory (rank 0; every rank learns whether that worked)."""
@@ -293,6 +306,7 @@ class Trainer:
                 problem = str(err)
         if problem := distributed.broadcast_object(problem):
             self.batches.close()
+            self.val_batches.close()
             raise ConfigError(problem)
         return self
 
@@ -300,6 +314,7 @@ class Trainer:
         """Finish a background save, shut the DataLoader workers down, close the metrics, unlock."""
         self.checkpoints.close()
         self.batches.close()
+        self.val_batches.close()
         if self.metrics is not None:  # closed by `report` already, unless training failed
             self.metrics.close()
         # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
@@ -434,7 +449,7 @@ class Trainer:
         if self.cfg.model.channels_last:
             batch = to_device(batch, self.device, channels_last=True)
         with self.strategy.sync(sync):
-            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            with self.autocast():  # the forward only, as autocast asks
                 loss = self.task.loss(self.model, batch)
             if loss.dim() != 0:
                 raise DataError(
@@ -472,6 +487,7 @@ class Trainer:
             dtype=self.dtype,
             workers=self.workers,
             lockstep=self.strategy.sharded,
+            feed=self.val_batches,
         )
         self.last_val = self.task.summarize(self.last_sums)
         self.keep_best()
@@ -514,18 +530,10 @@ class Trainer:
             and self.pos.step < self.total_steps
         )
         planned = epoch_done or segment or (every > 0 and self.pos.step % every == 0)
-        stop = time_due = False
-        # Several processes agree with one all-reduce, a host sync: only at logging steps
-        # (which sync anyway) and planned checkpoints, so the CPU can run ahead of the GPU
-        # in between; a stop signal then waits at most run.log_every_steps steps.
-        if not self.denv.distributed or planned or self.pos.step % self.log_every == 0:
-            stop, time_due = distributed.any_rank(
-                [
-                    stop_requested,
-                    minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes,
-                ],
-                self.device,
-            )
+        # Every rank acts on the same step, at most one step after any rank saw the flag.
+        stop, time_due = self.vote.poll(
+            [stop_requested, minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes]
+        )
         # The save before an exit is written at once; the others may go to the background.
         if (planned or stop or time_due) and not self.save_checkpoint(not (stop or segment)):
             return "diverged"
@@ -568,6 +576,7 @@ class Trainer:
         )
         self.timers, first_samples = Timers(), self.pos.samples
         outcome, segment_steps = self._loop(progress, stop)
+        self.vote.settle()
         progress.close()
         if outcome != "diverged" and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
