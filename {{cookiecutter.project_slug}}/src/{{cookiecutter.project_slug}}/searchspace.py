@@ -95,7 +95,9 @@ def _settings(table: Any, where: str, path: Path) -> dict[str, Any]:
     return flat
 
 
-def _range_values(start: Any, stop: Any, step: Any, bad: Callable[[str], ConfigError]) -> list:
+def _range_values(
+    start: Any, stop: Any, step: Any, bad: Callable[[str], ConfigError]
+) -> list[Scalar]:
     if not (_number(start) and _number(stop) and _number(step)) or step <= 0 or stop < start:
         shape = "range = [start, stop, step] needs numbers, step > 0, stop >= start"
         raise bad(f"{shape}, got {[start, stop, step]}")
@@ -122,7 +124,8 @@ def _dimension(key: str, spec: Any, method: str, path: Path) -> Dimension:
     if not isinstance(args, list) or len(args) != (3 if form == "range" else 2):
         raise bad(f"{form} takes [{'start, stop, step' if form == 'range' else 'low, high'}]")
     if form == "range":
-        return Dimension(key, form, values=_range_values(*args, bad))
+        start, stop, step = args
+        return Dimension(key, form, values=_range_values(start, stop, step, bad))
     if method == "grid":
         raise bad(f"{form} is a distribution: a grid takes lists and ranges (or method = random)")
     low, high = args
@@ -142,6 +145,57 @@ def _field(table: dict[str, Any], key: str, kind: type, default: Any, path: Path
     return value
 
 
+# The keys of [sweep] with their defaults; the strings among them with their allowed values.
+HEAD: dict[str, Any] = {
+    "name": "",
+    "method": "grid",
+    "metric": "loss",
+    "direction": "min",
+    "concurrency": 2,
+    "trials": 8,
+    "seed": 0,
+    "pruner": "median",
+    "prune_after": 5,
+}
+HEAD_CHOICES = {"method": METHODS, "direction": ("min", "max"), "pruner": PRUNERS}
+
+
+def _head(table: Any, path: Path) -> dict[str, Any]:
+    """The [sweep] table, checked, with defaults for the keys not given."""
+    if not isinstance(table, dict):
+        raise _where(path, "sweep")("must be a [sweep] table")
+    for key in sorted(set(table) - set(HEAD)):
+        raise _where(path, f"sweep.{key}")(f"unknown key; [sweep] has {sorted(HEAD)}")
+    head = {key: _field(table, key, type(default), default, path) for key, default in HEAD.items()}
+    check_run_name(head["name"], f"{path}: sweep.name")
+    for key, allowed in HEAD_CHOICES.items():
+        if head[key] not in allowed:
+            raise _where(path, f"sweep.{key}")(f"must be one of {list(allowed)}, got {head[key]!r}")
+    for key in ("concurrency", "trials"):
+        if head[key] < 1:
+            raise _where(path, f"sweep.{key}")(f"must be >= 1, got {head[key]}")
+    for key in ("seed", "prune_after"):
+        if head[key] < 0:
+            raise _where(path, f"sweep.{key}")(f"must be >= 0, got {head[key]}")
+    return head
+
+
+def _enqueued(
+    data: dict[str, Any], method: str, keys: set[str], path: Path
+) -> list[dict[str, Any]]:
+    """The [[enqueue]] points (optuna), each with exactly the keys of [space]."""
+    enqueue = data.get("enqueue", [])
+    if enqueue and method != "optuna":
+        raise _where(path, "enqueue")("only for method = optuna (points to try first)")
+    if not isinstance(enqueue, list):
+        raise _where(path, "enqueue")("write [[enqueue]] tables")
+    firsts = [_settings(point, f"enqueue[{i}]", path) for i, point in enumerate(enqueue)]
+    for i, point in enumerate(firsts):
+        if set(point) != keys:
+            raise _where(path, f"enqueue[{i}]")(f"give exactly the keys of [space]: {sorted(keys)}")
+    return firsts
+
+
 def load_space(path: Path) -> Space:
     """Read and check a search-space file; a problem raises ConfigError naming the key."""
     try:
@@ -152,61 +206,22 @@ def load_space(path: Path) -> Space:
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
     for key in sorted(set(data) - {"sweep", "fixed", "space", "enqueue"}):
         raise _where(path, key)("unknown table: use [sweep], [fixed], [space] and [[enqueue]]")
-    head = data.get("sweep", {})
-    known = {"name", "method", "metric", "direction", "concurrency", "trials", "seed", "pruner",
-             "prune_after"}
-    for key in sorted(set(head) - known):
-        raise _where(path, f"sweep.{key}")(f"unknown key; [sweep] has {sorted(known)}")
-    name = check_run_name(_field(head, "name", str, "", path), f"{path}: sweep.name")
-    method = _field(head, "method", str, "grid", path)
-    direction = _field(head, "direction", str, "min", path)
-    pruner = _field(head, "pruner", str, "median", path)
-    for key, value, allowed in (
-        ("method", method, METHODS),
-        ("direction", direction, ("min", "max")),
-        ("pruner", pruner, PRUNERS),
-    ):
-        if value not in allowed:
-            raise _where(path, f"sweep.{key}")(f"must be one of {list(allowed)}, got {value!r}")
-    counts = {}
-    for key, default in (("concurrency", 2), ("trials", 8), ("seed", 0), ("prune_after", 5)):
-        counts[key] = _field(head, key, int, default, path)
-        if counts[key] < (0 if key in {"seed", "prune_after"} else 1):
-            rule = ">= 0" if key in {"seed", "prune_after"} else ">= 1"
-            raise _where(path, f"sweep.{key}")(f"must be {rule}, got {counts[key]}")
+    head = _head(data.get("sweep", {}), path)
     fixed = _settings(data.get("fixed", {}), "fixed", path)
     space = _settings(data.get("space", {}), "space", path)
     if not space:
         raise _where(path, "space")("empty: give at least one setting to vary")
-    dimensions = [_dimension(key, spec, method, path) for key, spec in space.items()]
-    trials = counts["trials"]
-    if method == "grid":
-        trials = math.prod(len(d.values) for d in dimensions)
-        if trials > 10_000:
-            raise _where(path, "space")(f"the grid has {trials:,} points: at most 10,000")
-    enqueue = data.get("enqueue", [])
-    if enqueue and method != "optuna":
-        raise _where(path, "enqueue")("only for method = optuna (points to try first)")
-    if not isinstance(enqueue, list):
-        raise _where(path, "enqueue")("write [[enqueue]] tables")
-    firsts = [_settings(point, f"enqueue[{i}]", path) for i, point in enumerate(enqueue)]
-    for i, point in enumerate(firsts):
-        if set(point) != set(space):
-            raise _where(path, f"enqueue[{i}]")(f"give exactly the keys of [space]: {sorted(space)}")
+    dimensions = [_dimension(key, spec, head["method"], path) for key, spec in space.items()]
+    if head["method"] == "grid":
+        head["trials"] = math.prod(len(d.values) for d in dimensions)
+        if head["trials"] > 10_000:
+            raise _where(path, "space")(f"the grid has {head['trials']:,} points: at most 10,000")
     return Space(
         path=path,
-        name=name,
-        method=method,
-        metric=_field(head, "metric", str, "loss", path),
-        direction=direction,
-        concurrency=counts["concurrency"],
-        trials=trials,
-        seed=counts["seed"],
-        pruner=pruner,
-        prune_after=counts["prune_after"],
+        **head,
         fixed=[f"{key}={to_text(f'fixed.{key}', v, path)}" for key, v in fixed.items()],
         dimensions=dimensions,
-        enqueue=firsts,
+        enqueue=_enqueued(data, head["method"], set(space), path),
     )
 
 
@@ -233,7 +248,7 @@ def points(space: Space) -> list[dict[str, Scalar]]:
         keys = [d.key for d in space.dimensions]
         product = itertools.product(*(d.values for d in space.dimensions))
         return [dict(zip(keys, combo, strict=True)) for combo in product]
-    rng = random.Random(space.seed)
+    rng = random.Random(space.seed)  # noqa: S311  (sampling settings, not secrets)
     return [{d.key: _draw(d, rng) for d in space.dimensions} for _ in range(space.trials)]
 
 

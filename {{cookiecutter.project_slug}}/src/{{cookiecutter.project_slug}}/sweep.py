@@ -9,6 +9,7 @@ validation to it (pruning) and tells the study the result. A requeued task finds
 trial again, so it resumes its run and reports to the same trial.
 """
 
+import dataclasses
 import math
 import shlex
 import shutil
@@ -47,14 +48,22 @@ def _write_once(path: Path, text: str, what: str, name: str) -> None:
     tmp.replace(path)  # whole or not at all
 
 
+def _need_sbatch() -> None:
+    """Before anything is written: a sweep is submitted from a machine with Slurm."""
+    if shutil.which("sbatch") is None:
+        raise ProjectError(
+            "sbatch: command not found: run `sweep` on the cluster's login node "
+            "(`sweep --dry-run` shows the runs anywhere)"
+        )
+
+
 def _submit(args: list[str], root: Path, dry_run: bool) -> str:
     command = ["sbatch", "--parsable", *args]
     print("submit:", shlex.join(command))
     if dry_run:
         return ""
-    if shutil.which("sbatch") is None:
-        raise ProjectError("sbatch: command not found: run `sweep` on the cluster's login node")
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
+    # sbatch and its arguments, no shell: the values were checked as settings
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)  # noqa: S603
     if done.returncode != 0:
         raise ProjectError(f"sbatch failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
@@ -95,6 +104,7 @@ def run_sweep(
     listing = folder / "runs.txt"
     config_arg = [f"--config={config}"] if config else []  # sbatch passes it to every task
     if not dry_run:
+        _need_sbatch()
         _write_once(listing, text, "run list", space.name)
     job = _submit(
         [
@@ -158,7 +168,9 @@ def _ends(space: Space) -> list[dict[str, searchspace.Scalar]]:
         corner: dict[str, searchspace.Scalar] = {}
         for dim in space.dimensions:
             if dim.form in {"list", "range"}:
-                corner[dim.key] = pick(dim.values, key=lambda v: v if isinstance(v, int | float) else 0)
+                corner[dim.key] = pick(
+                    dim.values, key=lambda v: v if isinstance(v, int | float) else 0
+                )
             else:
                 bound = pick(dim.low, dim.high)
                 corner[dim.key] = int(bound) if dim.form == "int" else float(bound)
@@ -180,10 +192,27 @@ def _start_study(
     )
     copy = sweep_dir(space, settings) / "sweep.toml"
     text = space.path.read_text(encoding="utf-8")
+    config_arg = [f"--config={config}"] if config else []
+
+    def job_args(tasks: int) -> list[str]:
+        variable = f"SWEEP_SPACE={_shown(copy, settings.project_root)}"
+        return [_array(tasks, space), f"--export=ALL,{variable}", JOB_SCRIPT, *config_arg, *extra]
+
     if dry_run:
         print(f"dry run: optuna study {space.name}, {space.trials} trials, journal {copy.parent}")
-        _submit([_array(space.trials, space), JOB_SCRIPT], settings.project_root, dry_run)
+        _submit(job_args(space.trials), settings.project_root, dry_run)
         return 0
+    _optuna()  # the extra is installed: before anything is written
+    _need_sbatch()
+    if copy.is_file():  # a sweep continued: more trials or another pace, the same study
+        before = dataclasses.asdict(searchspace.load_space(copy))
+        now = dataclasses.asdict(space)
+        if any(before[k] != now[k] for k in now if k not in {"path", "trials", "concurrency"}):
+            raise ConfigError(
+                f"sweep.name {space.name!r}: {copy} holds another search space (only trials "
+                "and concurrency may change); give the sweep a new name"
+            )
+        copy.unlink()
     _write_once(copy, text, "search space", space.name)
     study = open_study(space, settings)
     states = _optuna().trial.TrialState
@@ -195,18 +224,7 @@ def _start_study(
     if left <= 0:
         print(f"study {space.name}: {finished} trials finished of {space.trials}: nothing to do")
         return 0
-    config_arg = [f"--config={config}"] if config else []
-    job = _submit(
-        [
-            _array(left, space),
-            f"--export=ALL,SWEEP_SPACE={_shown(copy, settings.project_root)}",
-            JOB_SCRIPT,
-            *config_arg,
-            *extra,
-        ],
-        settings.project_root,
-        dry_run,
-    )
+    job = _submit(job_args(left), settings.project_root, dry_run)
     print(
         f"submitted array job {job}: {left} trials of study {space.name} "
         f"({finished} finished before), at most {space.concurrency} at a time"
@@ -251,8 +269,12 @@ def _claim(study: Any, space: Space, env: Mapping[str, str], folder: Path) -> An
         orphans = [t for t in running if t.user_attrs.get("array_job") != array_job]
         finished = study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED))
         if mine or orphans:
-            trial = optuna.trial.Trial(study, (mine or orphans)[0]._trial_id)  # noqa: SLF001
+            trial = optuna.trial.Trial(study, (mine or orphans)[0]._trial_id)
         elif len(finished) + len(running) < space.trials:
+            # Each task has a sampler of its own: seeded alike, they would all draw the same
+            # point. The trial count makes the seed differ per trial, and a sweep whose
+            # trials run one after the other repeat its draws.
+            study.sampler = optuna.samplers.TPESampler(seed=space.seed + len(study.trials))
             trial = study.ask()
         else:
             return None

@@ -593,7 +593,8 @@ class Trainer:
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
         status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
-            outcome, outcome or "finished"  # "pruned" stays
+            outcome,
+            outcome or "finished",  # "pruned" stays
         )
         summary = {
             "run": self.name,
