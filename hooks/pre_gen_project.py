@@ -61,6 +61,7 @@ PRESETS_SHA256 = "28a787e481ba8d0351315b5ae56689e253e8d745e3f1c42c449d6e30353e4b
 # fmt: off
 INSTALLED_MODULES: dict[str, str] = {
     "absl": "absl-py",
+    "alembic": "alembic",
     "annotated_doc": "annotated-doc",
     "annotated_types": "annotated-types",
     "anyio": "anyio",
@@ -76,6 +77,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "click": "click",
     "cloudpickle": "cloudpickle",
     "codespell_lib": "codespell",
+    "colorlog": "colorlog",
     "conda_inject": "conda-inject",
     "configargparse": "configargparse",
     "connection_pool": "connection-pool",
@@ -119,6 +121,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "kiwisolver": "kiwisolver",
     "lazy_importer": "lazy-importer",
     "librt": "librt",
+    "mako": "mako",
     "markdown": "markdown",
     "markupsafe": "markupsafe",
     "matplotlib": "matplotlib",
@@ -135,6 +138,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "numpy": "numpy",
     "nvidia": "nvidia-cuda-runtime-cu12",
     "opentelemetry": "opentelemetry-api",
+    "optuna": "optuna",
     "packaging": "packaging",
     "pathspec": "pathspec",
     "pip": "pip",
