@@ -65,7 +65,8 @@ def _submit(args: list[str], root: Path, dry_run: bool) -> str:
     # sbatch and its arguments, no shell: the values were checked as settings
     done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)  # noqa: S603
     if done.returncode != 0:
-        raise ProjectError(f"sbatch failed: {done.stderr.strip() or done.stdout.strip()}")
+        said = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()[-1]
+        raise ProjectError(f"sbatch failed (exit {done.returncode}): {said}")
     return done.stdout.strip().split(";")[0]
 
 
