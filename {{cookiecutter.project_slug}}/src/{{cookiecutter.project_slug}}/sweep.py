@@ -248,8 +248,14 @@ def _suggest(trial: Any, space: Space) -> dict[str, searchspace.Scalar]:
     return point
 
 
-def _claim(study: Any, space: Space, env: Mapping[str, str], folder: Path) -> Any:
-    """This array task's trial: its own (a requeue), a cancelled sweep's, or a new one."""
+def _claim(
+    study: Any, space: Space, env: Mapping[str, str], folder: Path
+) -> tuple[Any, dict[str, searchspace.Scalar]] | None:
+    """This array task's trial and its settings (None: every trial finished or taken).
+
+    The task's own trial (it was requeued), else a running trial of an earlier array (the
+    sweep was cancelled), else a new one.
+    """
     optuna = _optuna()
     from optuna.storages.journal import JournalFileOpenLock  # noqa: PLC0415
 
@@ -258,11 +264,11 @@ def _claim(study: Any, space: Space, env: Mapping[str, str], folder: Path) -> An
         raise ConfigError("sweep --trial: not a Slurm array task (submit with `sweep`)")
     me = f"{array_job}_{task}"
     states = optuna.trial.TrialState
-    # Every rank of a multi-process trial claims: the lock makes the first one claim and the
-    # others find its claim (the same key), so they train the same trial.
+    # Every rank of a multi-process trial claims: the lock makes the first one claim and draw
+    # the settings, and the others find its claim (the same key) and read them, so they
+    # train the same trial. (A lock file left by a killed process is taken over after 30 s.)
     lock = JournalFileOpenLock(str(folder / "claim.lock"))
-    while not lock.acquire():  # waits inside acquire; False only after a stale-lock cleanup
-        pass
+    lock.acquire()
     try:
         running = study.get_trials(deepcopy=False, states=(states.RUNNING,))
         mine = [t for t in running if t.user_attrs.get("slurm_task") == me]
@@ -281,7 +287,7 @@ def _claim(study: Any, space: Space, env: Mapping[str, str], folder: Path) -> An
             return None
         trial.set_user_attr("slurm_task", me)
         trial.set_user_attr("array_job", array_job)
-        return trial
+        return trial, _suggest(trial, space)
     finally:
         lock.release()
 
@@ -320,11 +326,11 @@ def start_trial(
     if space.method != "optuna":
         raise ConfigError(f"{space_path}: sweep --trial needs sweep.method = 'optuna'")
     study = open_study(space, settings)
-    trial = _claim(study, space, env, sweep_dir(space, settings))
-    if trial is None:
+    claimed = _claim(study, space, env, sweep_dir(space, settings))
+    if claimed is None:
         print(f"study {space.name}: every trial is finished or taken: nothing to do")
         return None
-    point = _suggest(trial, space)
+    trial, point = claimed
     run = searchspace.run_name(space.name, trial.number, space.trials)
     print(f"study {space.name}: trial {trial.number} -> run {run}: {point}", flush=True)
     return searchspace.overrides(space, point, run, extra), TrialListener(study, trial, space)
