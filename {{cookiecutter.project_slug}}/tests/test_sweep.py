@@ -142,6 +142,10 @@ model.name = ["mlp", "cnn"]
             "space.model.name: must be a number, true/false or a word",
         ),
         (
+            '[sweep]\nname = "a"\nmetric = "acc"\n[space]\ntrain.lr = [1]',
+            "sweep.metric: 'acc' is not a metric of task toy_tasks.blobs",
+        ),
+        (
             '[sweep]\nname = "../a"\n[space]\ntrain.lr = [1]',
             "sweep.name '../a': a run name is one folder",
         ),

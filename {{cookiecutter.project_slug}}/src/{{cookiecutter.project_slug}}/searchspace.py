@@ -258,11 +258,23 @@ def overrides(space: Space, point: dict[str, Scalar], run: str, extra: list[str]
     return [*space.fixed, *extra, *varied, f"run.name={run}"]
 
 
-def check_runs(settings: list[list[str]], config: Path | None, task_dir: Path) -> None:
-    """Load every run's configuration as `train` would: a bad key or value stops the sweep."""
+def check_runs(
+    space: Space, settings: list[list[str]], config: Path | None, task_dir: Path
+) -> None:
+    """Load every run's configuration as `train` would: a bad key or value stops the sweep.
+
+    The sweep's metric must be one the task computes on the validation split.
+    """
+    from .task import task_class  # noqa: PLC0415  (imports torch)
+
     for items in settings:
         try:
-            load_config(config, items, task_dir=task_dir)
+            cfg = load_config(config, items, task_dir=task_dir)
         except ConfigError as err:
             run = items[-1].removeprefix("run.name=")
             raise ConfigError(f"sweep run {run}: {err}") from None
+        metrics = task_class(cfg.task.name).metrics
+        if space.metric not in metrics:
+            raise _where(space.path, "sweep.metric")(
+                f"{space.metric!r} is not a metric of task {cfg.task.name} (one of {list(metrics)})"
+            )

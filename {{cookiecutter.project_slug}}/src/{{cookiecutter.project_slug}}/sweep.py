@@ -42,10 +42,15 @@ def _write_once(path: Path, text: str, what: str, name: str) -> None:
             f"sweep.name {name!r}: {path} holds another {what}; give the sweep a new name "
             "(or delete that folder to start it again)"
         )
+    _write_whole(path, text)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a task may read it at any moment)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # whole or not at all
+    tmp.replace(path)
 
 
 def _need_sbatch() -> None:
@@ -97,9 +102,9 @@ def run_sweep(
     draws = searchspace.points(space)
     names = [searchspace.run_name(space.name, i, len(draws)) for i in range(len(draws))]
     runs = [searchspace.overrides(space, p, n, extra) for p, n in zip(draws, names, strict=True)]
-    searchspace.check_runs(runs, _checked_config(config, settings), task_dir)
+    searchspace.check_runs(space, runs, _checked_config(config, settings), task_dir)
     lines = [" ".join(items) for items in runs]
-    header = f"# sweep {space.name} ({space.method}) from {space_path}: one run per line\n"
+    header = f"# sweep {space.name} ({space.method}): one run per line, `key=value` settings\n"
     text = header + "\n".join(lines) + "\n"
     print("\n".join(lines))
     listing = folder / "runs.txt"
@@ -187,6 +192,7 @@ def _start_study(
     for dim in space.dimensions:  # every value of a list, not only the extremes
         checks += [{**checks[0], dim.key: value} for value in dim.values]
     searchspace.check_runs(
+        space,
         [searchspace.overrides(space, p, f"{space.name}-000", extra) for p in checks],
         _checked_config(config, settings),
         task_dir,
@@ -213,8 +219,7 @@ def _start_study(
                 f"sweep.name {space.name!r}: {copy} holds another search space (only trials "
                 "and concurrency may change); give the sweep a new name"
             )
-        copy.unlink()
-    _write_once(copy, text, "search space", space.name)
+    _write_whole(copy, text)
     study = open_study(space, settings)
     states = _optuna().trial.TrialState
     if not study.trials:
