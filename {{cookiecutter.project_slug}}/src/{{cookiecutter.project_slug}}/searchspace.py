@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import load_config
+from .config import Config, load_config
 from .errors import ConfigError
 from .names import check_run_name
 
@@ -258,6 +258,15 @@ def overrides(space: Space, point: dict[str, Scalar], run: str, extra: list[str]
     return [*space.fixed, *extra, *varied, f"run.name={run}"]
 
 
+def _run_config(items: list[str], config: Path | None, task_dir: Path) -> Config:
+    """One run's configuration, as `train` would load it; an error names the run."""
+    try:
+        return load_config(config, items, task_dir=task_dir)
+    except ConfigError as err:
+        run = items[-1].removeprefix("run.name=")
+        raise ConfigError(f"sweep run {run}: {err}") from None
+
+
 def check_runs(
     space: Space, settings: list[list[str]], config: Path | None, task_dir: Path
 ) -> None:
@@ -268,11 +277,7 @@ def check_runs(
     from .task import task_class  # noqa: PLC0415  (imports torch)
 
     for items in settings:
-        try:
-            cfg = load_config(config, items, task_dir=task_dir)
-        except ConfigError as err:
-            run = items[-1].removeprefix("run.name=")
-            raise ConfigError(f"sweep run {run}: {err}") from None
+        cfg = _run_config(items, config, task_dir)
         metrics = task_class(cfg.task.name).metrics
         if space.metric not in metrics:
             raise _where(space.path, "sweep.metric")(
