@@ -221,7 +221,7 @@ train.lr = 0.01
 def test_an_optuna_study_prunes_resumes_a_requeued_trial_and_continues(
     project: Path, sbatch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("optuna")  # the sweep extra
+    pytest.importorskip("optuna", reason="the sweep extra (optuna) is not installed")
     path = space_file(project, STUDY)
     extra = ["run.val_every_steps=4", "train.epochs=10"]
     assert cli.main(["sweep", str(path), *extra]) == 0
