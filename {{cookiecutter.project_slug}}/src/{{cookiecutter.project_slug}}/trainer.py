@@ -592,10 +592,12 @@ class Trainer:
             self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
-        status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
-            outcome,
-            outcome or "finished",  # "pruned" stays
-        )
+        status = {
+            "stop": "stopped",
+            "segment": "segment",
+            "diverged": "diverged",
+            "pruned": "pruned",
+        }.get(outcome, "finished")
         summary = {
             "run": self.name,
             "status": status,
