@@ -592,12 +592,9 @@ class Trainer:
             self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
-        status = {
-            "stop": "stopped",
-            "segment": "segment",
-            "diverged": "diverged",
-            "pruned": "pruned",
-        }.get(outcome, "finished")
+        status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
+            outcome, outcome or "finished"
+        )  # and "pruned" (a sweep's pruner) stays "pruned"
         summary = {
             "run": self.name,
             "status": status,
