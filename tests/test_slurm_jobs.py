@@ -274,6 +274,7 @@ train.lr = 0.01
 
 def test_optuna_study_prunes_requeues_and_completes(project: JobProject) -> None:
     import optuna  # noqa: PLC0415  (the sweep extra: requirements-test.txt has it)
+
     job = _submit_sweep(project, "opt", OPTUNA_STUDY, **SLOW)
     project.wait_for("trial 2's checkpoint", lambda: project.checkpoints("opt-002"), f"{job}_2")
     project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_2")
