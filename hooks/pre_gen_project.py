@@ -61,6 +61,7 @@ PRESETS_SHA256 = "d9aa7cd47331cc7f3d9930463a5eabf534dccb04c4bfe93ce3aa5a245f6862
 # fmt: off
 INSTALLED_MODULES: dict[str, str] = {
     "absl": "absl-py",
+    "alembic": "alembic",
     "annotated_doc": "annotated-doc",
     "annotated_types": "annotated-types",
     "anyio": "anyio",
@@ -76,6 +77,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "click": "click",
     "cloudpickle": "cloudpickle",
     "codespell_lib": "codespell",
+    "colorlog": "colorlog",
     "conda_inject": "conda-inject",
     "configargparse": "configargparse",
     "connection_pool": "connection-pool",
@@ -119,6 +121,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "kiwisolver": "kiwisolver",
     "lazy_importer": "lazy-importer",
     "librt": "librt",
+    "mako": "mako",
     "markdown": "markdown",
     "markupsafe": "markupsafe",
     "matplotlib": "matplotlib",
@@ -135,6 +138,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "numpy": "numpy",
     "nvidia": "nvidia-cuda-runtime-cu12",
     "opentelemetry": "opentelemetry-api",
+    "optuna": "optuna",
     "packaging": "packaging",
     "pathspec": "pathspec",
     "pip": "pip",

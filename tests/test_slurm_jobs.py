@@ -221,6 +221,81 @@ def test_sweep_task_requeues_itself_alone(project: JobProject, tmp_path: Path) -
     assert resumed_step(logs[1]) and resumed_step(logs[0]) is None
 
 
+def _submit_sweep(project: JobProject, name: str, text: str, **env: str) -> str:
+    """`<slug> sweep FILE` on the "login node"; returns the array job id it printed."""
+    space = project.path / "configs" / f"{name}.toml"
+    space.write_text(text)
+    out = project.cli("sweep", str(space.relative_to(project.path)), **env).stdout
+    (job,) = re.findall(r"submitted array job (\d+)", out)
+    return job
+
+
+def test_sweep_command_submits_the_grid_as_one_array(project: JobProject) -> None:
+    job = _submit_sweep(
+        project,
+        "grid",
+        '[sweep]\nname = "grid"\n[fixed]\ntrain.epochs = 1\nrun.figures = false\n'
+        "[space]\ntrain.lr = [0.002, 0.004]\n",
+    )
+    assert project.cluster.job(f"{job}_0").get("ArrayTaskThrottle") == "2"
+    project.finished(job)
+    assert not project.cluster.job(f"{job}_2")  # exactly one task per run
+    for task, lr in enumerate((0.002, 0.004)):
+        log = project.log(f"{project.slug}-sweep-{job}_{task}")
+        assert project.cluster.state(f"{job}_{task}") == "COMPLETED", log
+        run = project.path / "runs" / f"grid-00{task}"  # the sweep's names, not job ids
+        assert tomllib.loads((run / "config.toml").read_text())["train"]["lr"] == lr
+        assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+
+
+OPTUNA_STUDY = """
+[sweep]
+name = "opt"
+method = "optuna"
+trials = 3
+concurrency = 1
+prune_after = 1
+[fixed]
+train.epochs = 2
+run.val_every_steps = 4
+run.checkpoint_every_steps = 4
+run.figures = false
+[space]
+train.lr = {log_uniform = [1e-7, 1e-1]}
+# Tried in this order: a good trial, a hopeless one (pruned), the good one again (requeued).
+[[enqueue]]
+train.lr = 0.01
+[[enqueue]]
+train.lr = 1e-7
+[[enqueue]]
+train.lr = 0.01
+"""
+
+
+def test_optuna_study_prunes_requeues_and_completes(project: JobProject) -> None:
+    import optuna  # noqa: PLC0415  (the sweep extra: requirements-test.txt has it)
+
+    job = _submit_sweep(project, "opt", OPTUNA_STUDY, **SLOW)
+    project.wait_for("trial 2's checkpoint", lambda: project.checkpoints("opt-002"), f"{job}_2")
+    project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_2")
+    project.finished(job)
+    logs = [project.log(f"{project.slug}-sweep-{job}_{task}") for task in range(3)]
+    infos = [project.cluster.job(f"{job}_{task}") for task in range(3)]
+    assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs
+    assert [i["Restarts"] for i in infos] == ["0", "0", "1"]
+    assert "run opt-001: pruned at step 4" in logs[1]
+    assert resumed_step(logs[2]) and "trial 2 -> run opt-002" in logs[2]
+    journal = optuna.storages.journal.JournalFileBackend(
+        str(project.path / "runs" / ".sweeps" / "opt" / "optuna.journal")
+    )
+    study = optuna.load_study(study_name="opt", storage=optuna.storages.JournalStorage(journal))
+    trials = study.trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    # The requeued trial reported to itself what the identical trial 0 did: exact resume.
+    assert trials[2].intermediate_values == trials[0].intermediate_values
+    assert trials[2].value == trials[0].value
+
+
 def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
     res = project.run(
         "slurm/chain.sh",

@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data`.
+"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data | sweep`.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -161,6 +161,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """A search space -> its runs as one job array (`--trial`: one Optuna trial, in a task)."""
+    settings = get_settings()
+    from . import hooks, sweep  # noqa: PLC0415  (the Optuna part imports optuna)
+
+    space, extra = args.space, list(args.overrides)
+    if space is not None and "=" in space.name:  # settings only: the default space
+        space, extra = None, [str(args.space), *extra]
+    space = space or settings.project_root / "configs" / "sweep.toml"
+    if not args.trial:
+        return sweep.run_sweep(space, extra, args.config, settings, args.dry_run)
+    started = sweep.start_trial(space, extra, settings, os.environ)
+    if started is None:
+        return 0
+    overrides, listener = started
+    with hooks.listening(listener):
+        return cmd_train(argparse.Namespace(config=args.config, overrides=overrides))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with all subcommands."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
@@ -231,6 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     export.add_argument("--out", type=Path, help="output folder (default: runs/<run>/export)")
     export.set_defaults(func=cmd_export)
+
+    sweep = sub.add_parser(
+        "sweep", help="submit a sweep from a search space", description=cmd_sweep.__doc__
+    )
+    sweep.add_argument(
+        "space", nargs="?", type=Path, help="search space (default: configs/sweep.toml)"
+    )
+    sweep.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="a setting of every run"
+    )
+    sweep.add_argument("--config", type=Path, help="TOML config file (default: configs/train.toml)")
+    sweep.add_argument("--dry-run", action="store_true", help="print the runs, submit nothing")
+    sweep.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)  # the job script's
+    sweep.set_defaults(func=cmd_sweep)
 
     rawdata.add_data_command(sub)
     return parser

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import checkpoint, checkpoint_io, distributed, names, optim, provenance, strategy
+from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, provenance, strategy
 from .batches import (
     EvalBatches,
     check_first_sample,
@@ -282,6 +282,7 @@ class Trainer:
         self.last_val: dict[str, float] = {}
         self.last_sums: dict[str, torch.Tensor] = {}
         self.vote = distributed.StepVote()
+        self.pruned = ""  # "pruned": a listener (a sweep's pruner) stopped the run
         # Last: the DataLoader workers start here, so nothing above can leave them behind.
         # Validation keeps its own workers from pass to pass (they start with its first).
         feed: dict[str, Any] = {
@@ -491,6 +492,8 @@ class Trainer:
         )
         self.last_val = self.task.summarize(self.last_sums)
         self.keep_best()
+        prune = self.denv.is_main and hooks.validated(self.pos.step, self.last_val)
+        self.pruned = "pruned" if distributed.broadcast_object(prune) else ""
         self.timers.add("eval", start)
         if self.metrics is not None:
             self.metrics.write(
@@ -594,11 +597,13 @@ class Trainer:
             self.say(stop_message(stop.signal_name, self.pos.step, self.name))
         elif outcome == "segment":
             self.say(f"segment done at step {self.pos.step}; the next start resumes")
+        elif outcome == "pruned":
+            self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
         status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
-            outcome, "finished"
-        )
+            outcome, outcome or "finished"
+        )  # and "pruned" (a sweep's pruner) stays "pruned"
         summary = {
             "run": self.name,
             "status": status,
@@ -665,7 +670,7 @@ class Trainer:
                     progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
                 if epoch_done:
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
-                if outcome := self.decide(stop.requested, epoch_done, segment_steps):
+                if outcome := self.decide(stop.requested, epoch_done, segment_steps) or self.pruned:
                     return outcome, segment_steps
                 if epoch_done:
                     break
@@ -708,6 +713,7 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2) + "\n", encoding="utf-8"
         )
+        hooks.ended(summary)
         self.say(format_summary(summary))
         if summary["status"] == "finished" and self.cfg.run.figures:
             figures = self.settings.figures_dir / self.name
