@@ -434,7 +434,7 @@ def test_sbatch_test_only_accepts_every_script(
     baked = bake("cookiecutter", template, tmp_path, answers)
     assert baked.ok, baked.stderr
     scripts = sorted((baked.project / "slurm").glob("*.sbatch"))
-    assert [s.name for s in scripts] == ["sweep.sbatch", "train.sbatch"]
+    assert [s.name for s in scripts] == ["pack.sbatch", "sweep.sbatch", "train.sbatch"]
     if answers.get("environment") == "apptainer":  # the image build job (container/)
         scripts.append(baked.project / "container" / "build.sh")
     for script in scripts:
@@ -452,7 +452,7 @@ def test_sbatch_test_only_accepts_every_grete_partition(
     gpu_type = PRESETS["grete"]["partitions"][partition]["gpu_type"]
     header = (baked.project / "slurm/train.sbatch").read_text()
     assert f"#SBATCH --gpus-per-node={gpu_type}:1" in header
-    for script in ("slurm/train.sbatch", "slurm/sweep.sbatch"):
+    for script in ("slurm/train.sbatch", "slurm/sweep.sbatch", "slurm/pack.sbatch"):
         res = cluster.run("sbatch", "--test-only", script, cwd=baked.project, check=False)
         assert res.returncode == 0 and "to start at" in res.stderr, f"{script}: {res.stderr}"
 

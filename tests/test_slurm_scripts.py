@@ -60,6 +60,7 @@ def test_shell_scripts_pass_bash_n_and_shellcheck(baked) -> None:
         "common.sh",
         "interactive.sh",
         "monitor.sh",
+        "pack.sbatch",
         "sweep.sbatch",
         "train.sbatch",
     }
@@ -112,6 +113,15 @@ def test_sbatch_headers_are_literal_and_match_the_answers(baked) -> None:
         ln for ln in sweep if not ln.startswith(differ, 8)
     ]
     assert "--output=logs/%x-%A_%a.out" in " ".join(sweep)
+    # The packed job: one task on one GPU of the same kind, whatever the GPUs per node.
+    pack = sbatch_header(project / "slurm" / "pack.sbatch")
+    packed = dict(ln.removeprefix("#SBATCH ").partition("=")[::2] for ln in pack)
+    assert not [ln for ln in pack if re.search(r"[$`~\\\"']", ln)]
+    assert (packed["--nodes"], packed["--ntasks"]) == ("1", "1")
+    gpu_option = next(k for k in options if k.startswith("--g"))
+    assert packed[gpu_option] == re.sub(r"\d+$", "1", options[gpu_option])
+    assert packed["--cpus-per-task"] == options["--cpus-per-task"]
+    assert {"--requeue", "--open-mode"} <= packed.keys() and "--signal" not in packed
 
 
 def test_sweep_array_matches_the_parameter_file(baked) -> None:

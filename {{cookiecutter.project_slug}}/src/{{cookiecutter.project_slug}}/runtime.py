@@ -74,15 +74,14 @@ def billed_gpus(
     counts them), whether or not torch uses them; outside one, the GPUs the processes train on.
     """
     env = os.environ if env is None else env
-    per_node = env.get("SLURM_GPUS_ON_NODE", "")
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if env.get("SLURM_JOB_ID") and (per_node.isdigit() or visible):
-        nodes = env.get("SLURM_JOB_NUM_NODES", "1")
-        count = (int(per_node) if per_node.isdigit() else len(visible)) * int(
-            nodes if nodes.isdigit() else 1
-        )
-    else:
-        count = world_size if device.type == "cuda" else 0
+    count = world_size if device.type == "cuda" else 0
+    if env.get("SLURM_JOB_ID"):
+        per_node = env.get("SLURM_GPUS_ON_NODE", "")
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        nodes = env.get("SLURM_JOB_NUM_NODES", "")
+        if per_node.isdigit() or visible:
+            on_node = int(per_node) if per_node.isdigit() else len(visible)
+            count = on_node * (int(nodes) if nodes.isdigit() else 1)
     return count / packed_runs(env)
 
 
