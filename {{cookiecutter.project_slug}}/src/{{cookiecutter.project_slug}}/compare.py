@@ -252,55 +252,60 @@ def differing(runs: Sequence[Run]) -> list[str]:
     return [k for k in keys if len({r.settings.get(k) for r in runs}) > 1]
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
+Cell = str | int | float | None
+
+
+def _fmt(value: Cell) -> str:
+    """A cell for people: 4 significant digits, "-" for nothing."""
     if value is None:
         return "-"
-    return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.4e}"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.4e}"
+    return str(value)
 
 
-def table(runs: Sequence[Run], metric: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows as text: run, status, differing settings, metrics, cost."""
+def table(runs: Sequence[Run], metric: str) -> tuple[list[str], list[list[Cell]]]:
+    """Header and rows: run, status, differing settings, metrics, steps and cost."""
     settings = differing(runs)
     metrics = [metric, *sorted({m for r in runs for m in r.curves} - {metric})]
     header = ["run", "status", *settings]
     for m in metrics:
         header += [f"{m} final", f"{m} best", f"{m} best step"]
-    header += ["steps", "segments", "wall h", "GPU h"]
-    rows = []
+    header += ["steps", "of steps", "segments", "wall h", "GPU h"]
+    rows: list[list[Cell]] = []
     for run in runs:
-        row = [run.name, run.status, *(run.settings.get(k, "-") for k in settings)]
+        row: list[Cell] = [run.name, run.status, *(run.settings.get(k) for k in settings)]
         for m in metrics:
             best = run.best.get(m)
-            row += [_fmt(run.final.get(m)), _fmt(best and best[0]), str(best[1]) if best else "-"]
-        steps = "-" if run.step is None else f"{run.step}/{run.total_steps or '?'}"
-        row += [steps, str(run.segments), _fmt(run.wall_h, 3), _fmt(run.gpu_h, 3)]
+            row += [run.final.get(m), best[0] if best else None, best[1] if best else None]
+        row += [run.step, run.total_steps, run.segments, run.wall_h, run.gpu_h]
         rows.append(row)
     return header, rows
 
 
-def as_text(header: list[str], rows: list[list[str]]) -> str:
+def as_text(header: list[str], rows: list[list[Cell]]) -> str:
     """Columns aligned with spaces, for the terminal."""
-    widths = [max(len(c) for c in column) for column in zip(header, *rows, strict=True)]
-    lines = [header, *rows]
+    lines = [header, *([_fmt(c) for c in row] for row in rows)]
+    widths = [max(len(c) for c in column) for column in zip(*lines, strict=True)]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
     )
 
 
-def as_markdown(header: list[str], rows: list[list[str]]) -> str:
+def as_markdown(header: list[str], rows: list[list[Cell]]) -> str:
     """A Markdown (GitHub) table."""
-    lines = [header, ["---"] * len(header), *rows]
+    lines = [header, ["---"] * len(header), *([_fmt(c) for c in row] for row in rows)]
     return "\n".join(
         "| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines
     )
 
 
-def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
-    """The table as CSV (header row first)."""
+def write_csv(path: Path, header: list[str], rows: list[list[Cell]]) -> None:
+    """The table as CSV, numbers in full (empty: not known)."""
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
-        writer.writerows(rows)
+        writer.writerows(["" if c is None else c for c in row] for row in rows)
 
 
 def run_compare(
