@@ -248,10 +248,11 @@ def test_packed_runs_share_a_gpu_and_each_resumes_exactly(
     project: JobProject, reference: dict, tmp_path: Path
 ) -> None:
     # Two runs in one job on one (fake) GPU: the first is the reference's configuration, the
-    # second another learning rate. USR1 reaches both; each checkpoints, the job requeues
-    # once, and each run resumes from its own checkpoint to the weights of an unbroken run.
+    # second a shorter one with another learning rate. USR1 reaches both; each checkpoints,
+    # the job requeues once, and each run resumes from its own checkpoint (the first to the
+    # weights of an unbroken run).
     lines = tmp_path / "pack.txt"
-    lines.write_text("run.name=pack-a\nrun.name=pack-b train.lr=0.001\n")
+    lines.write_text("run.name=pack-a\nrun.name=pack-b train.lr=0.001 train.epochs=4\n")
     job = project.sbatch("slurm/pack.sbatch", *SIGNAL_RUN, PACK_FILE=str(lines), **SLOW)
     for run in ("pack-a", "pack-b"):
         project.wait_for(f"{run}'s checkpoint", lambda r=run: project.checkpoints(r), job)
@@ -260,11 +261,11 @@ def test_packed_runs_share_a_gpu_and_each_resumes_exactly(
     log = project.log(f"{project.slug}-pack-{job}")
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log
     assert f"requeueing {job} (requeue 1 of at most 20)" in log
-    for run in ("pack-a", "pack-b"):
+    for run, steps in (("pack-a", 220), ("pack-b", 44)):
         found = re.search(rf"^\[{run}\] run {run}: resumed from step (\d+)", log, re.MULTILINE)
-        assert found and 0 < int(found[1]) < 220, log
+        assert found and 0 < int(found[1]) < steps, log
         summary = json.loads((project.path / "runs" / run / "summary.json").read_text())
-        assert (summary["status"], summary["step"], summary["gpus"]) == ("finished", 220, 0.5)
+        assert (summary["status"], summary["step"], summary["gpus"]) == ("finished", steps, 0.5)
     assert "[pack-a] run pack-a: 1 process(es) via single" in log
     assert same_weights(project.final_weights("pack-a"), reference)
     assert not same_weights(project.final_weights("pack-b"), reference)

@@ -155,3 +155,39 @@ def test_packed_runs_share_the_gpu_memory_budget_cores_and_gpu_hours(
     assert runtime.billed_gpus(cpu, 1, {}) == 0
     with pytest.raises(pkg("errors").ConfigError, match=r"PACKED_RUNS: must be a whole number"):
         runtime.packed_runs({"PACKED_RUNS": "two"})
+
+
+def gpu_summary(runs_dir: Path, name: str, **values: float) -> None:
+    """A summary.json as a run on a GPU writes it (this machine has none to train on)."""
+    (runs_dir / name).mkdir(parents=True)
+    summary = {"status": "finished", "samples_per_s": 1000.0, "peak_gpu_mem_gib": 2.0, **values}
+    (runs_dir / name / "summary.json").write_text(json.dumps(summary))
+
+
+def test_packing_advice_follows_utilisation_memory_and_measured_gain(tmp_path: Path) -> None:
+    packing = pkg("packing")
+    assert packing.pack_size(20.0, 2.0, 80.0) == 5  # time: 100 / 20
+    assert packing.pack_size(5.0, 30.0, 80.0) == 1  # memory: 30 GiB twice exceeds 80 % of 80 GB
+    assert packing.pack_size(1.0, 0.1, 80.0) == packing.MOST
+    runs = tmp_path / "runs"
+    gpu_summary(runs, "busy", gpu_util_mean_pct=85.0)
+    (busy,) = packing.advice(packing.trials(runs), 80.0)
+    assert "85 % busy: one run per GPU" in busy
+    gpu_summary(runs, "idle", gpu_util_mean_pct=24.0)  # the newest run counts
+    (idle,) = packing.advice(packing.trials(runs), 80.0)
+    assert "up to 4 runs per GPU (sbatch --export=ALL,PACK_SIZE=4 slurm/pack.sbatch)" in idle
+    gpu_summary(runs, "pair", gpu_util_mean_pct=40.0, samples_per_s=800.0, packed_runs=2)
+    _, gain = packing.advice(packing.trials(runs), 80.0)
+    assert "2 packed runs (pair: 800 samples/s each) trained 1.60x" in gain
+
+
+def test_doctor_says_when_packing_pays(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: doctor reads its memory, not the preset's")
+    cfg = pkg("config").load_config(None, [])
+    settings = pkg("settings").get_settings()
+    pkg("doctor").run_doctor(cfg, settings, quick=True)
+    assert "packing  no run has trained on a GPU yet" in capsys.readouterr().out
+    gpu_summary(settings.runs_dir, "trial", gpu_util_mean_pct=30.0)
+    pkg("doctor").run_doctor(cfg, settings, quick=True)
+    assert "packing  run trial kept the GPU 30 % busy" in capsys.readouterr().out

@@ -602,6 +602,7 @@ class Trainer:
             "epoch": self.pos.epoch,
             "total_steps": self.total_steps,
             "gpus": self.gpus,  # billed GPUs of this segment (a share when packed)
+            "packed_runs": packed_runs(),  # runs that shared the GPU (slurm/pack.sbatch)
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
