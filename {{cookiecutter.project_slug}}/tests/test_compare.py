@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import blobs, pkg
+from conftest import PACKAGE, blobs, cli_env, pkg
 
 trainer, compare, runtime, cli = pkg("trainer"), pkg("compare"), pkg("runtime"), pkg("cli")
 distributed = pkg("distributed")
@@ -132,6 +132,22 @@ def test_command_writes_the_figure_and_names_a_missing_run(
     assert err.startswith("error: RUNS: no run matches 'nope-*'") and "\n" not in err
     assert cli.main(["compare", "--metric", "rmse"]) == 1
     assert "--metric 'rmse': not a validation metric" in capsys.readouterr().err
+
+
+def test_compare_and_its_figure_need_no_torch(runs: Path) -> None:
+    code = (
+        f"import sys; from {PACKAGE} import cli; code = cli.main(['compare', '--name', 'light']); "
+        "print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=cli_env(runs.parent),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.splitlines()[-1] == "0 False"  # a second on a login node
+    assert (runs.parent / "reports" / "figures" / "light.png").is_file()
 
 
 def test_packed_runs_share_the_gpu_memory_budget_cores_and_gpu_hours(
