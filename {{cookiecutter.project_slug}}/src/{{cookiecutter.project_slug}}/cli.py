@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data | sweep`.
+"""Command line: prepare, train, evaluate, export, compare, plan, doctor, data, sweep.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -124,6 +124,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     size_mb = (out / MODEL_FILE).stat().st_size / 1e6
     print(f"wrote {out / MODEL_FILE} ({args.weights} weights, {args.dtype}, {size_mb:.1f} MB)")
     print(f"wrote {out / 'config.toml'}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """One table of runs: differing settings, final and best metrics, steps, hours, status."""
+    settings = get_settings()
+    from .compare import run_compare  # noqa: PLC0415
+
+    check_run_name(args.name, "--name")  # a file name below reports/, like a run's folder
+    run_compare(
+        settings.runs_dir,
+        settings.project_root / "reports",
+        args.runs,
+        metric=args.metric,
+        mode=args.mode,
+        name=args.name,
+        figure=not args.no_figure,
+    )
     return 0
 
 
@@ -264,6 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true", help="print the runs, submit nothing")
     sweep.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)  # the job script's
     sweep.set_defaults(func=cmd_sweep)
+    compare = sub.add_parser(
+        "compare", help="one table of runs, best first", description=cmd_compare.__doc__
+    )
+    compare.add_argument(
+        "runs", nargs="*", metavar="RUNS", help="run names or globs, e.g. 'lr-*' (default: all)"
+    )
+    compare.add_argument(
+        "--metric", default="", help="validation metric to rank by (default: run.best_metric, loss)"
+    )
+    compare.add_argument("--mode", default="", choices=["", "min", "max"], help="better is")
+    compare.add_argument(
+        "--name", default="compare", help="reports/NAME.csv, NAME.md, figures/NAME.png"
+    )
+    compare.add_argument("--no-figure", action="store_true", help="skip the figure")
+    compare.set_defaults(func=cmd_compare)
 
     rawdata.add_data_command(sub)
     return parser

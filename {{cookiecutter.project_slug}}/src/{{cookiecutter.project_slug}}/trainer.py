@@ -48,10 +48,12 @@ from .preemption import (
 )
 from .runtime import (
     autocast_dtype,
+    billed_gpus,
     configure_backends,
     default_workers,
     fits_in_memory,
     limit_threads,
+    packed_runs,
     pick_device,
     seed_everything,
 )
@@ -195,7 +197,7 @@ def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device
         cfg.data.in_memory == "yes"
         or (
             cfg.data.in_memory == "auto"
-            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device)
+            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device, packed_runs())
         )
     )
 
@@ -275,6 +277,8 @@ class Trainer:
         self.best: float | None = None  # best value of run.best_metric so far
         self.earlier: dict[str, float] = {}  # seconds per activity of the earlier segments
         self.timers = Timers()
+        # GPU-seconds (the whole_run's gpu_s, for `compare`) accrue at this many per second.
+        self.gpus = billed_gpus(device, denv.world_size)
         self._held = ExitStack()  # the run directory's lock
         self.saved_step, self.saved_time = -1, time.monotonic()
         self.metrics: MetricsLog | None = None
@@ -521,8 +525,9 @@ class Trainer:
         self.checkpoints.barrier()  # the others wait for the write outside any timed collective
 
     def run_seconds(self) -> dict[str, float]:
-        """Seconds per activity (and wall) of the whole run so far: earlier segments and this."""
-        now = {"wall": time.perf_counter() - self.timers.start, **self.timers.seconds}
+        """Seconds per activity, wall and GPU-seconds of the run: earlier segments and this."""
+        wall = time.perf_counter() - self.timers.start
+        now = {"wall": wall, **self.timers.seconds, "gpu": wall * self.gpus}
         return {key: self.earlier.get(key, 0.0) + value for key, value in now.items()}
 
     def decide(self, stop_requested: bool, epoch_done: bool, segment_steps: int) -> str:
@@ -610,6 +615,8 @@ class Trainer:
             "step": self.pos.step,
             "epoch": self.pos.epoch,
             "total_steps": self.total_steps,
+            "gpus": self.gpus,  # billed GPUs of this segment (a share when packed)
+            "packed_runs": packed_runs(),  # runs that shared the GPU (slurm/pack.sbatch)
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
