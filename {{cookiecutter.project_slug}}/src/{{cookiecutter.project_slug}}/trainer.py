@@ -202,6 +202,27 @@ def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device
     )
 
 
+def check_sizes(cfg: Config, task: Task, datasets: Datasets, denv: distributed.DistEnv) -> int:
+    """Check the first samples and the settings that depend on the data; batches per epoch."""
+    for split in ("train", "val"):
+        check_first_sample(
+            datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
+        )
+    train_size, accum = size(datasets.train), cfg.train.grad_accum_steps
+    batches = train_size // denv.world_size // cfg.train.batch_size
+    if batches // accum == 0:
+        raise ConfigError(
+            f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
+            f"{accum} accumulation steps exceeds the {train_size} training samples"
+        )
+    if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
+        raise ConfigError(
+            f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
+            f"(one of {list(task.metrics)})"
+        )
+    return batches
+
+
 class Trainer:
     """State of one training process; `run` is the loop.
 
@@ -229,28 +250,14 @@ class Trainer:
         self.run_dir = settings.runs_dir / self.name
         self.ckpt_dir = self.run_dir / "checkpoints"
 
-        for split in ("train", "val"):
-            check_first_sample(
-                datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
-            )
         train_set = datasets.train
         # A task's own collate makes every batch: never the in-memory path, which has none.
         self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
-        self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
+        self.batches_per_epoch = check_sizes(cfg, task, datasets, denv)
         self.steps_per_epoch = self.batches_per_epoch // self.accum
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
-                f"{self.accum} accumulation steps exceeds the {size(train_set)} training samples"
-            )
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
-        if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
-            raise ConfigError(
-                f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
-                f"(one of {list(task.metrics)})"
-            )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
         self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
