@@ -73,7 +73,11 @@ demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its exam
 	rm -rf $(DEMO)
 	@# Caches that tools leave inside the template folder (git-ignored) must not be baked.
 	-git clean -fdXq -- '{{cookiecutter.project_slug}}'
-	$(DEMO_ENV)/bin/cookiecutter --no-input --output-dir $(DEMO) .
+	@# Bake from a copy of the template's own files: cookiecutter copies the folder it bakes
+	@# from for the pre-prompt hook, and .venv and build/ here are gigabytes.
+	mkdir -p $(DEMO)/template
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C $(DEMO)/template
+	$(DEMO_ENV)/bin/cookiecutter --no-input --output-dir $(DEMO) $(DEMO)/template
 	$(DEMO_RUN) prepare
 	$(DEMO_RUN) train run.name=demo
 	$(DEMO_RUN) evaluate --run demo

@@ -452,19 +452,48 @@ def test_config_file_answers_are_checked_before_rendering(
     assert list(out.iterdir()) == [], "a rejected answer left something behind"
 
 
-@pytest.mark.parametrize("engine", ["cookiecutter", "cruft"])
-def test_a_config_that_removes_the_rules_is_refused(
-    engine: str, template: Path, tmp_path: Path
+@pytest.mark.parametrize(("engine", "route"), CONFIG_ROUTES)
+def test_a_config_that_removes_the_rules_runs_no_code(
+    engine: str, route: str, template: Path, tmp_path: Path
 ) -> None:
-    """Without EarlyRules the pre-generation hook refuses the bake (nothing is written)."""
-    config = _config(tmp_path, {"_extensions": []})
-    out = tmp_path / "out"
-    args = [_tool("cookiecutter"), "--no-input", "-o", str(out)] if engine == "cookiecutter" else [
-        _tool("cruft"), "create", "--no-input", "--output-dir", str(out)]  # fmt: skip
-    result = _run_engine([*args, "--config-file", str(config), str(template)], tmp_path)
+    """`_extensions: []` and template syntax in one config file.
+
+    cookiecutter: the pre-prompt hook refuses the file before cookiecutter renders a value
+    (and removes the template copy cookiecutter made for it). cruft runs no template code
+    before it renders the file's values (create, update, check and diff all call
+    cruft's generate_cookiecutter_context: get_user_config, generate_context,
+    prompt_for_config): the payload runs there, and only the pre-generation hook refuses the
+    bake. This test fails when that changes, so the docs can say so.
+    """
+    bad = {"_extensions": [], "project_name": _payload(tmp_path)}
+    config = _config(tmp_path, bad)
+    out, home, temp = tmp_path / "out", tmp_path / "home", tmp_path / "temp"
+    for folder in (out, home, temp):
+        folder.mkdir()
+    env = {"HOME": str(home), "TMPDIR": str(temp), "PWD": str(tmp_path)}
+    args = [_tool(engine)]
+    args += ["--no-input", "-o", str(out)] if engine == "cookiecutter" else ["create", "--no-input"]
+    args += [] if engine == "cookiecutter" else ["--output-dir", str(out)]
+    if route == "--config-file":  # relative: cookiecutter reads it from where it started
+        args += ["--config-file", config.name]
+    elif route == "COOKIECUTTER_CONFIG":
+        env["COOKIECUTTER_CONFIG"] = config.name  # relative too
+    else:
+        (home / ".cookiecutterrc").write_text(config.read_text("utf-8"), "utf-8")
+        config = home / ".cookiecutterrc"
+    result = _run_engine([*args, str(template)], tmp_path, **env)
     assert result.returncode != 0
-    assert "ERROR: _extensions '[]': is the template's own setting" in result.stderr
-    assert not out.exists() or list(out.iterdir()) == []
+    assert list(out.iterdir()) == [], "a rejected answer left something behind"
+    if engine == "cruft":  # the residual (see the docstring)
+        assert (tmp_path / MARKER).exists()
+        assert "ERROR: _extensions '[]': is the template's own setting" in result.stderr
+        return
+    assert not (tmp_path / MARKER).exists(), "a config file's template syntax was rendered"
+    expected = [f"ERROR: {m} (config file {config})" for m in rules.check_config(bad)]
+    assert [m.split(" ", 2)[1] for m in expected] == ["_extensions", "project_name"]
+    assert result.stderr.strip().splitlines() == expected  # the rule's lines, nothing else
+    assert result.stdout.strip() == "Pre-Prompt Hook script failed"  # cookiecutter's own
+    assert list(temp.iterdir()) == [], "the template copy was left behind"
 
 
 @pytest.fixture(scope="module")

@@ -325,5 +325,21 @@ def test_generated_lm_guide_runs_as_shown(
     run_page(default_bake.project / "docs" / "fine-tune-lm.md", template, default_bake, tmp_path)
 
 
+@pytest.mark.slow
+def test_generated_sweep_guide_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's sweep how-to (docs/sweeps.md): the dry runs of grid, random and optuna."""
+    run_page(default_bake.project / "docs" / "sweeps.md", template, default_bake, tmp_path)
+
+
 def test_some_howto_has_runnable_blocks() -> None:
     assert HOWTOS, "no how-to page marks a runnable block"
+
+
+@pytest.mark.slow
+def test_generated_compare_guide_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's `compare` guide (docs/compare-runs.md): a small sweep, one run resumed."""
+    run_page(default_bake.project / "docs" / "compare-runs.md", template, default_bake, tmp_path)

@@ -460,8 +460,11 @@ def _imports_dotenv(path: Path) -> bool:
     return False
 
 
-# Variables set by Slurm or torchrun for the processes they start: not user settings.
+# Variables set by Slurm, torchrun or slurm/pack.sbatch for the processes they start: not
+# user settings.
 LAUNCHER_VARIABLES = {
+    "PACKED_RUNS",
+    "CUDA_VISIBLE_DEVICES",
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,9 @@ PRESET_KEYS = {
     "internet_constraint",
     "torch_variant",
 }
-PARTITION_KEYS = {"gpu_type", "gpus_per_node", "cpus_per_node", "gpu_memory", "max_time"}
+PARTITION_KEYS = {
+    "gpu_type", "gpus_per_node", "cpus_per_node", "gpu_memory", "max_time", "node_memory",
+}  # fmt: skip
 REQUIRED = {
     "project_name",
     "project_slug",
@@ -116,6 +119,12 @@ def test_preset_is_complete_and_consistent(name: str) -> None:
         assert limits["gpus_per_node"] >= 1
         assert limits["cpus_per_node"] >= limits["gpus_per_node"]
         assert limits["gpu_type"] or not preset["gpu_type_required"]
+        # The memory ceiling: a per-node Slurm size, or empty where no source gives one.
+        ceiling = limits["node_memory"]
+        assert ceiling == "" or re.fullmatch("[1-9][0-9]*[MGT]", ceiling), ceiling
+    for part, limits in partitions.items():  # the default memory fits a node's GPUs, all of them
+        full = {"cluster": name, "partition": part, "gpus_per_node": limits["gpus_per_node"]}
+        assert rules.check("memory", preset["default_memory"], full, CC["_presets"]) == ""
         assert rules.parse_time(preset["default_time"]) <= rules.parse_time(limits["max_time"])
     assert "{count}" in preset["gpu_request"]
     assert rules.check("memory", preset["default_memory"], {}, {}) == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import keyword
 import re
@@ -9,6 +10,7 @@ import sys
 import unicodedata
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engines import rules
@@ -225,10 +227,135 @@ def test_gpu_type_of_the_partition_passes() -> None:
     assert rules.check("gpu_type", "L40S", unknown, PRESETS) == ""
 
 
+# A site whose preset knows its nodes' memory (no shipped preset does yet: no source gives
+# Grete's): "big" nodes hold 512G, "small" ones 190000M; "open" is unknown.
+SITE = {
+    "site": {
+        "partitions": {
+            "big": {"gpus_per_node": 4, "cpus_per_node": 64, "node_memory": "512G"},
+            "small": {"gpus_per_node": 4, "cpus_per_node": 64, "node_memory": "190000M"},
+            "open": {"gpus_per_node": 4, "cpus_per_node": 64, "node_memory": ""},
+        }
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("memory", "partition", "gpus", "refused"),
+    [
+        ("512G", "big", "1", ""),  # a whole node
+        ("513G", "big", "1", "exceeds the 512G of a node of partition big in preset site"),
+        ("1T", "big", "4", "exceeds the 512G"),
+        ("536870912K", "big", "1", ""),  # 512G in KiB
+        ("536870913K", "big", "1", "exceeds the 512G"),
+        ("128G/gpu", "big", "4", ""),
+        ("129G/gpu", "big", "4", "(516G for 4 GPUs)"),  # per GPU, times the GPUs
+        ("129G/gpu", "big", "1", ""),
+        ("185G", "small", "1", ""),  # 189440M
+        ("186G", "small", "1", "exceeds the 190000M"),  # 190464M
+        ("190000M", "small", "1", ""),
+        ("190001M", "small", "1", "exceeds the 190000M"),
+        ("200G", "big,small", "1", "partition small"),  # a list: every partition's node
+        ("9999T", "open", "4", ""),  # unknown: no ceiling
+        ("9999T", "elsewhere", "4", ""),  # not in the preset
+    ],
+)
+def test_memory_is_at_most_a_node_of_the_partition(
+    memory: str, partition: str, gpus: str, refused: str
+) -> None:
+    answers = {"cluster": "site", "partition": partition, "gpus_per_node": gpus}
+    message = rules.check("memory", memory, answers, SITE)
+    if refused:
+        assert message.startswith(f"memory '{memory}': ") and refused in message, message
+    else:
+        assert message == ""
+
+
 # ------------------------------------------------------------------ routes (no engine)
 
 CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
 HOSTILE = "x{{ cycler.__init__.__globals__.os.popen('id').read() }}"
+
+
+def test_config_files_may_set_answers_only() -> None:
+    """What the pre-prompt hook refuses in a config file's default_context, every class."""
+    context = {
+        "description": HOSTILE,
+        "author_name": "Jane\u3164",  # a blank Hangul filler
+        "license": ["MIT", "{% raw %}"],  # a list item
+        "cluster": {"grete": {"note": "{# c #}"}},  # a nested value
+        "tracking": {"{{ 1 }}": "x"},  # a dictionary key: cookiecutter renders keys too
+        "_extensions": [],  # switches the rules off
+        "_template_version": "9.9.9",
+        "__gpu_type": "A100",
+        "project_name": "Fine Name",
+        "nodes": 2,
+        "git_init": True,
+        "mail": None,
+        "full_name": "Another template's answer",
+    }
+    fields = [m.split(" ", 1)[0] for m in rules.check_config(context)]
+    assert fields == ["description", "author_name", "license", "cluster", "tracking",
+                      "_extensions", "_template_version", "__gpu_type"]  # fmt: skip
+    assert rules.check_config({"project_name": "Fine", "author_name": "Jane Doe"}) == []
+
+
+PRE_PROMPT = ROOT / "hooks" / "pre_prompt.py"
+
+
+def _pre_prompt() -> Any:
+    spec = importlib.util.spec_from_file_location("pre_prompt_under_test", PRE_PROMPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CLI = ["/v/bin/python", "/v/bin/cookiecutter"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([*CLI, "--config-file", "c.yaml", "t"], ("c.yaml", False)),
+        ([*CLI, "--config-file=/a/c.yaml", "."], ("/a/c.yaml", False)),
+        (["python", "-m", "cookiecutter", "--config-file", "c.yaml", "."], ("c.yaml", False)),
+        ([*CLI, "--default-config", "--config-file", "c", "."], ("c", True)),
+        ([*CLI, ".", "--", "--config-file", "c"], (None, False)),
+        # another program's option of that name (pytest has one) is not cookiecutter's
+        (["/v/bin/python", "/v/bin/pytest", "--config-file", "pytest.ini"], (None, False)),
+        ([], (None, False)),
+    ],
+)
+def test_pre_prompt_hook_reads_cookiecutters_command_line(
+    argv: list[str], expected: tuple[str | None, bool]
+) -> None:
+    assert _pre_prompt().cookiecutter_options(argv) == expected
+
+
+def test_pre_prompt_hook_finds_the_config_cookiecutter_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order of cookiecutter.config.get_user_config: default, file, variable, rc file."""
+    hook = _pre_prompt()
+    cli = ["py", "cookiecutter"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PWD", str(tmp_path / "start"))
+    monkeypatch.delenv("COOKIECUTTER_CONFIG", raising=False)
+    assert hook.config_path(cli) is None  # no rc file
+    (tmp_path / ".cookiecutterrc").write_text("default_context: {}\n", "utf-8")
+    assert hook.config_path(cli) == tmp_path / ".cookiecutterrc"
+    monkeypatch.setenv("COOKIECUTTER_CONFIG", str(tmp_path / "env.yaml"))
+    assert hook.config_path(cli) == tmp_path / "env.yaml"
+    monkeypatch.setenv("COOKIECUTTER_CONFIG", "env.yaml")  # relative: to where it started
+    assert hook.config_path(cli) == tmp_path / "start" / "env.yaml"
+    assert hook.config_path([*cli, "--config-file", "c.yaml"]) == tmp_path / "start" / "c.yaml"
+    assert hook.config_path([*cli, "--config-file", "c.yaml", "--default-config"]) is None
+    missing = hook.config_errors(tmp_path / "missing.yaml")
+    assert len(missing) == 1 and "cannot find the config file" in missing[0]
+    for text in ("", "abbreviations: {}\n", "default_context:\n", "[1, 2]\n"):
+        (tmp_path / "c.yaml").write_text(text, "utf-8")
+        assert hook.config_errors(tmp_path / "c.yaml") == [], text
 
 
 def test_values_differing_from_the_template_are_checked_before_rendering() -> None:

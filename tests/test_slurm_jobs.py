@@ -8,6 +8,7 @@ requeue round trips are printed (run with -s to see them).
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import re
@@ -219,6 +220,135 @@ def test_sweep_task_requeues_itself_alone(project: JobProject, tmp_path: Path) -
     assert [i["Restarts"] for i in infos] == ["0", "1"]
     assert f"requeueing {job}_1 (requeue 1 of at most 20)" in logs[1]  # the array task's id
     assert resumed_step(logs[1]) and resumed_step(logs[0]) is None
+    # `compare` reports both points: the setting that differs, and the requeued task's two
+    # segments added up (each holding the job's one GPU: GPU hours equal wall hours).
+    table = compared(project, f"{job}_*")
+    assert sorted(row["run"] for row in table) == [f"{job}_0", f"{job}_1"]
+    by_run = {row["run"]: row for row in table}
+    assert {by_run[f"{job}_{t}"]["train.lr"] for t in (0, 1)} == {"0.002", "0.004"}
+    assert [by_run[f"{job}_{t}"]["segments"] for t in (0, 1)] == ["1", "2"]
+    for task in (0, 1):
+        row = by_run[f"{job}_{task}"]
+        summary = json.loads((project.path / "runs" / f"{job}_{task}" / "summary.json").read_text())
+        assert row["status"] == "finished" and row["steps"] == row["of steps"] == "22"
+        assert float(row["wall h"]) * 3600 == pytest.approx(summary["whole_run"]["wall_s"])
+        assert float(row["GPU h"]) == pytest.approx(float(row["wall h"]), rel=1e-3)
+    requeued = json.loads((project.path / "runs" / f"{job}_1" / "summary.json").read_text())
+    assert requeued["whole_run"]["wall_s"] > requeued["wall_s"]  # both segments counted
+
+
+def compared(project: JobProject, *runs: str) -> list[dict[str, str]]:
+    """`compare RUNS` on the login node; the rows of its CSV, best first."""
+    project.cli("compare", *runs, "--name", "slurm-test", "--no-figure")
+    with (project.path / "reports" / "slurm-test.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_packed_runs_share_a_gpu_and_each_resumes_exactly(
+    project: JobProject, reference: dict, tmp_path: Path
+) -> None:
+    # Two runs in one job on one (fake) GPU: the first is the reference's configuration, the
+    # second a shorter one with another learning rate. USR1 reaches both; each checkpoints,
+    # the job requeues once, and each run resumes from its own checkpoint (the first to the
+    # weights of an unbroken run).
+    lines = tmp_path / "pack.txt"
+    lines.write_text("run.name=pack-a\nrun.name=pack-b train.lr=0.001 train.epochs=4\n")
+    job = project.sbatch("slurm/pack.sbatch", *SIGNAL_RUN, PACK_FILE=str(lines), **SLOW)
+    for run in ("pack-a", "pack-b"):
+        project.wait_for(f"{run}'s checkpoint", lambda r=run: project.checkpoints(r), job)
+    project.cluster.run("scancel", "--signal=USR1", "--batch", job)
+    info = project.finished(job)
+    log = project.log(f"{project.slug}-pack-{job}")
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log
+    assert f"requeueing {job} (requeue 1 of at most 20)" in log
+    for run, steps in (("pack-a", 220), ("pack-b", 44)):
+        found = re.search(rf"^\[{run}\] run {run}: resumed from step (\d+)", log, re.MULTILINE)
+        assert found and 0 < int(found[1]) < steps, log
+        summary = json.loads((project.path / "runs" / run / "summary.json").read_text())
+        assert (summary["status"], summary["step"], summary["gpus"]) == ("finished", steps, 0.5)
+    assert "[pack-a] run pack-a: 1 process(es) via single" in log
+    assert same_weights(project.final_weights("pack-a"), reference)
+    assert not same_weights(project.final_weights("pack-b"), reference)
+    table = compared(project, "pack-*")
+    assert sorted(row["run"] for row in table) == ["pack-a", "pack-b"]
+    for row in table:  # two segments; half a GPU each, all along
+        assert row["segments"] == "2" and row["status"] == "finished"
+        assert float(row["GPU h"]) == pytest.approx(float(row["wall h"]) / 2, rel=1e-3)
+
+
+def _submit_sweep(project: JobProject, name: str, text: str, **env: str) -> str:
+    """`<slug> sweep FILE` on the "login node"; returns the array job id it printed."""
+    space = project.path / "configs" / f"{name}.toml"
+    space.write_text(text)
+    out = project.cli("sweep", str(space.relative_to(project.path)), **env).stdout
+    (job,) = re.findall(r"submitted array job (\d+)", out)
+    return job
+
+
+def test_sweep_command_submits_the_grid_as_one_array(project: JobProject) -> None:
+    job = _submit_sweep(
+        project,
+        "grid",
+        '[sweep]\nname = "grid"\n[fixed]\ntrain.epochs = 1\nrun.figures = false\n'
+        "[space]\ntrain.lr = [0.002, 0.004]\n",
+    )
+    assert project.cluster.job(f"{job}_0").get("ArrayTaskThrottle") == "2"
+    project.finished(job)
+    assert not project.cluster.job(f"{job}_2")  # exactly one task per run
+    for task, lr in enumerate((0.002, 0.004)):
+        log = project.log(f"{project.slug}-sweep-{job}_{task}")
+        assert project.cluster.state(f"{job}_{task}") == "COMPLETED", log
+        run = project.path / "runs" / f"grid-00{task}"  # the sweep's names, not job ids
+        assert tomllib.loads((run / "config.toml").read_text())["train"]["lr"] == lr
+        assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+
+
+OPTUNA_STUDY = """
+[sweep]
+name = "opt"
+method = "optuna"
+trials = 3
+concurrency = 1
+prune_after = 1
+[fixed]
+train.epochs = 2
+run.val_every_steps = 4
+run.checkpoint_every_steps = 4
+run.figures = false
+[space]
+train.lr = {log_uniform = [1e-7, 1e-1]}
+# Tried in this order: a good trial, a hopeless one (pruned), the good one again (requeued).
+[[enqueue]]
+train.lr = 0.01
+[[enqueue]]
+train.lr = 1e-7
+[[enqueue]]
+train.lr = 0.01
+"""
+
+
+def test_optuna_study_prunes_requeues_and_completes(project: JobProject) -> None:
+    import optuna  # noqa: PLC0415  (the sweep extra: requirements-test.txt has it)
+
+    job = _submit_sweep(project, "opt", OPTUNA_STUDY, **SLOW)
+    project.wait_for("trial 2's checkpoint", lambda: project.checkpoints("opt-002"), f"{job}_2")
+    project.cluster.run("scancel", "--signal=USR1", "--batch", f"{job}_2")
+    project.finished(job)
+    logs = [project.log(f"{project.slug}-sweep-{job}_{task}") for task in range(3)]
+    infos = [project.cluster.job(f"{job}_{task}") for task in range(3)]
+    assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs
+    assert [i["Restarts"] for i in infos] == ["0", "0", "1"]
+    assert "run opt-001: pruned at step 4" in logs[1]
+    assert resumed_step(logs[2]) and "trial 2 -> run opt-002" in logs[2]
+    journal = optuna.storages.journal.JournalFileBackend(
+        str(project.path / "runs" / ".sweeps" / "opt" / "optuna.journal")
+    )
+    study = optuna.load_study(study_name="opt", storage=optuna.storages.JournalStorage(journal))
+    trials = study.trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    # The requeued trial reported to itself what the identical trial 0 did: exact resume.
+    assert trials[2].intermediate_values == trials[0].intermediate_values
+    assert trials[2].value == trials[0].value
 
 
 def test_chain_runs_segments_in_order_and_finishes(project: JobProject) -> None:
@@ -434,7 +564,7 @@ def test_sbatch_test_only_accepts_every_script(
     baked = bake("cookiecutter", template, tmp_path, answers)
     assert baked.ok, baked.stderr
     scripts = sorted((baked.project / "slurm").glob("*.sbatch"))
-    assert [s.name for s in scripts] == ["sweep.sbatch", "train.sbatch"]
+    assert [s.name for s in scripts] == ["pack.sbatch", "sweep.sbatch", "train.sbatch"]
     if answers.get("environment") == "apptainer":  # the image build job (container/)
         scripts.append(baked.project / "container" / "build.sh")
     for script in scripts:
@@ -452,7 +582,7 @@ def test_sbatch_test_only_accepts_every_grete_partition(
     gpu_type = PRESETS["grete"]["partitions"][partition]["gpu_type"]
     header = (baked.project / "slurm/train.sbatch").read_text()
     assert f"#SBATCH --gpus-per-node={gpu_type}:1" in header
-    for script in ("slurm/train.sbatch", "slurm/sweep.sbatch"):
+    for script in ("slurm/train.sbatch", "slurm/sweep.sbatch", "slurm/pack.sbatch"):
         res = cluster.run("sbatch", "--test-only", script, cwd=baked.project, check=False)
         assert res.returncode == 0 and "to start at" in res.stderr, f"{script}: {res.stderr}"
 

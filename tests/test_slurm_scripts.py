@@ -60,6 +60,7 @@ def test_shell_scripts_pass_bash_n_and_shellcheck(baked) -> None:
         "common.sh",
         "interactive.sh",
         "monitor.sh",
+        "pack.sbatch",
         "sweep.sbatch",
         "train.sbatch",
     }
@@ -112,6 +113,15 @@ def test_sbatch_headers_are_literal_and_match_the_answers(baked) -> None:
         ln for ln in sweep if not ln.startswith(differ, 8)
     ]
     assert "--output=logs/%x-%A_%a.out" in " ".join(sweep)
+    # The packed job: one task on one GPU of the same kind, whatever the GPUs per node.
+    pack = sbatch_header(project / "slurm" / "pack.sbatch")
+    packed = dict(ln.removeprefix("#SBATCH ").partition("=")[::2] for ln in pack)
+    assert not [ln for ln in pack if re.search(r"[$`~\\\"']", ln)]
+    assert (packed["--nodes"], packed["--ntasks"]) == ("1", "1")
+    gpu_option = next(k for k in options if k.startswith("--g"))
+    assert packed[gpu_option] == re.sub(r"\d+$", "1", options[gpu_option])
+    assert packed["--cpus-per-task"] == options["--cpus-per-task"]
+    assert {"--requeue", "--open-mode"} <= packed.keys() and "--signal" not in packed
 
 
 def test_sweep_array_matches_the_parameter_file(baked) -> None:
@@ -605,3 +615,84 @@ def test_mig_slices_of_a_preset_agree_with_their_memory(preset: str) -> None:
     interactive = data["partitions"].get(data["interactive_partition"])
     if interactive and re.fullmatch(r"\dg\.\d+gb", request):
         assert interactive["gpu_type"] == request
+
+
+# Stands in for `python -m PKG train` in slurm/pack.sbatch: records its run, then does what
+# $STATE/<run name> says: "stop" waits for USR1 and exits with the requeue code, a number
+# exits with it.
+FAKE_RUN = """
+trap 'usr1=1' USR1
+usr1=0
+echo "$RUN_NAME $PACKED_RUNS $*" >> "$STATE/calls"
+echo "training $RUN_NAME"
+what=$(cat "$STATE/$RUN_NAME")
+touch "$STATE/started-$RUN_NAME"
+if [[ "$what" == stop ]]; then
+    until ((usr1)); do sleep 0.05; done
+    exit 3
+fi
+exit "$what"
+"""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ({"7_0": "stop", "7_1": "stop"}, 0, True, "requeueing 7 (requeue 1 of at most 20)"),
+        ({"7_0": "stop", "7_1": "1"}, 1, False, "1 run(s) checkpointed: submit the job again"),
+        ({"7_0": "finished", "7_1": "stop"}, 0, True, "run 7_0 (line 0) finished in an earlier"),
+    ],
+)
+def test_packed_job_signals_every_run_and_requeues_once_all_checkpointed(
+    default_bake, tmp_path: Path, case: tuple[dict[str, str], int, bool, str]
+) -> None:
+    outcomes, status, requeued, says = case
+    project = _mini_project(default_bake.project, tmp_path)
+    (project / "slurm" / "pack.sbatch").write_text(
+        (default_bake.project / "slurm" / "pack.sbatch").read_text()
+    )
+    (project / "slurm" / "sweep_params.txt").write_text("train.lr=0.1\ntrain.lr=0.2\nx=3\n")
+    state, bin_dir = tmp_path / "state", tmp_path / "bin"
+    state.mkdir()
+    for run, what in outcomes.items():
+        (state / run).write_text(what)
+        if what == "finished":  # a summary as the trainer writes it
+            (project / "runs" / run).mkdir(parents=True)
+            (project / "runs" / run / "summary.json").write_text('{\n  "status": "finished"\n}\n')
+    _stand_in(bin_dir, "python", FAKE_RUN)
+    _stand_in(bin_dir, "scontrol", 'echo "$*" >> "$STATE/scontrol"')
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'PATH="{bin_dir}:$PATH"\n')
+    job = subprocess.Popen(
+        ["bash", "slurm/pack.sbatch", "train.epochs=2"],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "STATE": str(state),
+            "SLURM_JOB_ID": "7",
+            "SLURM_CPUS_PER_TASK": "8",
+            "VENV_DIR": str(venv),
+        },
+    )
+    launched = [run for run, what in outcomes.items() if what != "finished"]
+    deadline = time.monotonic() + 60
+    while not all((state / f"started-{run}").exists() for run in launched):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)  # as the timer before the limit does
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == status, out
+    calls = sorted((state / "calls").read_text().splitlines())
+    assert calls == [
+        f"{run} 2 -m my_hpc_project train train.epochs=2 train.lr=0.{i + 1}"
+        for i, run in enumerate(outcomes)
+        if run in launched
+    ]
+    assert (state / "scontrol").exists() == requeued
+    assert says in out
+    for run in launched:  # every line of a run's output carries its name
+        assert f"[{run}] training {run}" in out

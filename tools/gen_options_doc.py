@@ -177,15 +177,15 @@ def preset_section(name: str, text: str, default_cluster: str) -> str:
         else:
             shown = _code(str(value))
         out.append(f"| `{key}` | {_cell(shown)} | {meaning} |")
-    out += [
-        "",
-        "| partition | max time | GPU type | GPUs per node | cores per node | GPU memory |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    columns = ("partition", "max time", "GPU type", "GPUs per node", "cores per node",
+               "GPU memory", "node memory")  # fmt: skip
+    out += ["", f"| {' | '.join(columns)} |", "|" + " --- |" * len(columns)]
     for part, limits in preset.get("partitions", {}).items():
+        node_memory = limits.get("node_memory") or "unknown (no ceiling)"
         out.append(
             f"| `{part}` | `{limits['max_time']}` | {_code(str(limits['gpu_type']))} | "
-            f"{limits['gpus_per_node']} | {limits['cpus_per_node']} | {limits['gpu_memory']} |"
+            f"{limits['gpus_per_node']} | {limits['cpus_per_node']} | {limits['gpu_memory']} "
+            f"| {node_memory} |"
         )
     return "\n".join(out)
 

@@ -5,7 +5,9 @@ Four measurements on CPU, each side by side in this run:
 - `step`: seconds per training step of the test task `toy_tasks.tower` (a residual MLP tower,
   `--width` x `--depth`) in 2 processes (gloo), dist.strategy fsdp vs ddp, best of 3 rounds;
 - `state`: bytes of parameters, gradients and Adam moments each rank holds, and its peak RSS,
-  fsdp vs ddp (the same runs);
+  fsdp vs ddp (the same runs); `build`: the memory that building and sharding (fsdp) or
+  wrapping (ddp) the model added at its peak on rank 1 (under fsdp only rank 0 builds the
+  whole model; the others get their shards from it);
 - `checkpoint`: training time lost to a checkpoint every few steps, run.async_checkpoint true
   vs false, each minus a run without periodic checkpoints (the trainer, one process, fsdp's
   sharded format);
@@ -13,9 +15,10 @@ Four measurements on CPU, each side by side in this run:
   the trainer does) vs read whole, each in a fresh process, before and after touching every
   tensor.
 
-The last line is
+The last line is (one line)
 
-    scale: fsdp/ddp step=<r> state=<r> | lost async/sync=<r> | load mmap/full rss=<r>
+    scale: fsdp/ddp step=<r> state=<r> rss=<r> build=<r> | lost async/sync=<r> |
+    load mmap/full rss=<r>
 
 Usage: python benchmarks/bench_scale.py [--width 1024] [--depth 8] [--load-mb 400]
 """
@@ -60,6 +63,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def memory_kib(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in KiB."""
+    status = Path("/proc/self/status").read_text(encoding="utf-8")
+    return int(status.split(f"{field}:")[1].split()[0])
+
+
 def tower(strategy: str, args: argparse.Namespace) -> list[str]:
     return [
         "task.name=toy_tasks.tower",
@@ -79,7 +88,10 @@ def _rank(rank: int, strategy: str, port: int, args: argparse.Namespace, out: Pa
     cfg = config.load_config(None, tower(strategy, args))
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
     plan = pkg("strategy").create(cfg, denv, torch.device("cpu"))
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # peak := now (Linux)
+    before = memory_kib("VmRSS")
     net, model = plan.setup(task)
+    built = (memory_kib("VmHWM") - before) * 1024
     optimizer = torch.optim.AdamW(net.parameters())
     x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
     best = float("inf")
@@ -101,7 +113,7 @@ def _rank(rank: int, strategy: str, port: int, args: argparse.Namespace, out: Pa
     state = sum(local(p) + local(p.grad) for p in net.parameters() if p.grad is not None)
     state += sum(local(v) for s in optimizer.state.values() for v in s.values() if v.dim())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    (out / f"{strategy}-{rank}.json").write_text(json.dumps([best, state, rss]))
+    (out / f"{strategy}-{rank}.json").write_text(json.dumps([best, state, rss, built]))
     distributed.shutdown()
 
 
@@ -110,7 +122,9 @@ def strategies(args: argparse.Namespace, out: Path) -> dict[str, list[float]]:
     for strategy in ("ddp", "fsdp"):
         mp.spawn(_rank, args=(strategy, free_port(), args, out), nprocs=2)
         ranks = [json.loads((out / f"{strategy}-{r}.json").read_text()) for r in range(2)]
-        found[strategy] = [max(column) for column in zip(*ranks, strict=True)]
+        # The rank that needs most; the build figure of rank 1 (fsdp: not the one that builds).
+        found[strategy] = [max(column) for column in zip(*ranks, strict=True)][:3]
+        found[strategy].append(ranks[1][3])
     return found
 
 
@@ -179,10 +193,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         scale = strategies(args, folder)
-        for name, (step, state, rss) in scale.items():
+        for name, (step, state, rss, built) in scale.items():
             print(
                 f"{name:5s} step {step * 1e3:7.1f} ms  state/rank {state / mib:7.1f} MiB  "
-                f"peak RSS/rank {rss / mib:7.1f} MiB",
+                f"peak RSS/rank {rss / mib:7.1f} MiB  build peak rank 1 {built / mib:6.1f} MiB",
                 flush=True,
             )
         lost = lost_to_checkpoints(args, folder / "runs")
@@ -198,7 +212,9 @@ def main() -> None:
         )
     print(
         f"scale: fsdp/ddp step={scale['fsdp'][0] / scale['ddp'][0]:.2f} "
-        f"state={scale['fsdp'][1] / scale['ddp'][1]:.2f} | "
+        f"state={scale['fsdp'][1] / scale['ddp'][1]:.2f} "
+        f"rss={scale['fsdp'][2] / scale['ddp'][2]:.2f} "
+        f"build={scale['fsdp'][3] / scale['ddp'][3]:.2f} | "
         f"lost async/sync={lost['async'] / max(lost['sync'], 1e-9):.2f} | "
         f"load mmap/full rss={loads['mmap'][1] / max(loads['full'][1], 1):.2f}"
     )

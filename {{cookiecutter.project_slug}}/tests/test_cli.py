@@ -29,7 +29,9 @@ def test_help_does_not_import_torch(project: Path) -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "evaluate", "doctor", "data"])
+@pytest.mark.parametrize(
+    "command", ["prepare", "train", "evaluate", "compare", "doctor", "data", "sweep"]
+)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main([command, "--help"])

@@ -110,6 +110,32 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
         assert two[step] == pytest.approx(one[step], rel=1e-4), step
 
 
+@pytest.mark.parametrize("where", ["task.usr1_step=5", "task.usr1_in_val=true"])
+def test_a_stop_on_one_rank_stops_every_rank_at_the_next_step_and_resumes_exactly(
+    project: Path, where: str
+) -> None:
+    # Rank 1 alone signals itself during step 5, or during the first validation (after step
+    # 13, the epoch's last). No logging step comes before the epoch ends: the ranks agree by
+    # the per-step vote, whose answer arrives one step later on every rank.
+    quiet = ["train.epochs=2", "run.log_every_steps=1000"]
+    for name, extra in (("voted", [where]), ("voted", []), ("straight", [])):
+        procs = srun_like(project, free_job_id(), *quiet, f"run.name={name}", *extra)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        codes = [p.returncode for p in procs]
+        if extra:  # the stopped segment
+            assert codes == [3, 3], "".join(outs)
+            stopped = 6 if "step" in where else 14
+            assert f"stop signal (on another rank): checkpoint at step {stopped} " in outs[0]
+        else:
+            assert codes == [0, 0], "".join(outs)
+    runs = project / "runs"
+    resumed = checkpoint.load_latest(runs / "voted" / "checkpoints")
+    straight = checkpoint.load_latest(runs / "straight" / "checkpoints")
+    assert resumed["position"] == straight["position"]
+    for key, value in straight["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     with (run_dir / "metrics.csv").open() as f:
         found = csv.DictReader(f)

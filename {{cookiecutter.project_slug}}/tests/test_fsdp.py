@@ -1,7 +1,9 @@
 """dist.strategy = fsdp with two CPU processes (gloo): the loss of ddp, sharded checkpoints that
 resume bit-exactly (also from background saves and on one process), slow and killed saves."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import save_file
 
 from conftest import pkg
 from test_ddp import free_job_id, srun_like, train_losses
@@ -243,23 +246,52 @@ def test_a_frozen_base_is_left_out_of_checkpoints_and_checked_by_digest(project:
         train(load(None, [*args, "run.seed=1", "train.epochs=2"]))
 
 
+def _memory_kib(field: str) -> int:
+    """A memory figure of this process from /proc (VmRSS: now, VmHWM: peak), in KiB."""
+    status = Path("/proc/self/status").read_text(encoding="utf-8")
+    found = re.search(rf"{field}:\s+(\d+) kB", status)
+    assert found is not None, status
+    return int(found[1])
+
+
 def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
-    """One rank: build the tower with `strategy`, take a step, write its local state bytes."""
+    """One rank: build the tower with `strategy`, take a step; write its local state bytes,
+    the memory its build and sharding added at their peak and the devices it was built on."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     distributed, config = pkg("distributed"), pkg("config")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
-    cfg = config.load_config(
-        None,
-        [
-            "task.name=toy_tasks.tower",
-            "model.hidden=512",
-            "model.depth=8",
-            f"dist.strategy={strategy}",
-        ],
-    )
-    task = pkg("task").load_task(cfg, pkg("settings").get_settings())
-    net, model = pkg("strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+
+    def build(width: int, depth: int) -> tuple[torch.nn.Module, torch.nn.Module, set[str]]:
+        """`setup` of a `width` x `depth` tower; the devices `build_model` put it on."""
+        cfg = config.load_config(
+            None,
+            [
+                "task.name=toy_tasks.tower",
+                f"model.hidden={width}",
+                f"model.depth={depth}",
+                f"dist.strategy={strategy}",
+            ],
+        )
+        task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+        built, devices = task.build_model, set()
+
+        def watched() -> torch.nn.Module:
+            model = built()
+            devices.update(t.device.type for t in model.state_dict().values())
+            return model
+
+        task.build_model = watched
+        net, model = pkg("strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+        return net, model, devices
+
+    # A tiny tower first pays the one-off costs of a first build (lazy imports, buffers of
+    # the collectives), so that the peak measured below is the model's own.
+    build(8, 1)
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # peak := now (Linux)
+    before = _memory_kib("VmRSS")
+    net, model, devices = build(512, 32)
+    peak = (_memory_kib("VmHWM") - before) * 1024
     optimizer = torch.optim.AdamW(net.parameters())
     model(torch.randn(4, 16)).sum().backward()
     optimizer.step()
@@ -270,22 +302,145 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
 
     params = sum(local(p) for p in net.parameters())
     moments = sum(local(v) for s in optimizer.state.values() for v in s.values() if v.dim())
-    (out / f"{strategy}-{rank}").write_text(str(params + moments))
+    found = {"state": params + moments, "built": peak, "devices": sorted(devices)}
+    (out / f"{strategy}-{rank}.json").write_text(json.dumps(found))
     distributed.shutdown()
 
 
 @pytest.mark.slow
-def test_fsdp_holds_half_the_model_and_optimizer_state_per_rank(tmp_path: Path) -> None:
-    # A 2.1M-parameter tower (25 MB of weights and Adam moments per ddp rank): enough to see
-    # the ratio, small enough for the CI machines.
+def test_fsdp_holds_half_the_state_per_rank_and_only_rank_0_builds_the_whole_model(
+    tmp_path: Path,
+) -> None:
+    # An 8.4M-parameter tower of 32 blocks (34 MB of weights, 100 MB with Adam moments per
+    # ddp rank, 1 MB its largest tensor): enough to see the ratios, small enough for CI.
     for strategy in ("ddp", "fsdp"):
         port = pkg("distributed").rendezvous_port(free_job_id(), 0)
         mp.spawn(_state_bytes, args=(strategy, port, tmp_path), nprocs=2)
     ddp, fsdp = (
-        {int((tmp_path / f"{s}-{r}").read_text()) for r in range(2)} for s in ("ddp", "fsdp")
+        [json.loads((tmp_path / f"{s}-{r}.json").read_text()) for r in range(2)]
+        for s in ("ddp", "fsdp")
     )
-    assert len(ddp) == 1  # replicated
-    assert 0.49 < max(fsdp) / ddp.pop() < 0.52  # each rank holds its half (and some padding)
+    assert ddp[0]["state"] == ddp[1]["state"]  # replicated
+    assert 0.49 < max(r["state"] for r in fsdp) / ddp[0]["state"] < 0.52  # a half (+ padding)
+    # Under fsdp rank 1 builds on the meta device and then holds only its shards (and one
+    # whole tensor at a time on its way from rank 0); ddp builds the whole model everywhere.
+    weights = ddp[0]["state"] / 3  # fp32 weights and two moments of the same size
+    assert [r["devices"] for r in ddp] == [["cpu"], ["cpu"]]
+    assert [r["devices"] for r in fsdp] == [["cpu"], ["meta"]]
+    assert ddp[1]["built"] > weights
+    assert fsdp[0]["built"] > weights  # rank 0 builds it, as always
+    assert fsdp[1]["built"] < 0.8 * weights, (fsdp, weights)  # about 0.65: a half + slack
+
+
+class TiedLM(torch.nn.Module):
+    """The output layer tied to the embedding, two blocks, a persistent and a non-persistent
+    buffer: what a meta build must get right besides plain weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(2))
+        self.out = torch.nn.Linear(16, 64, bias=False)
+        self.out.weight = self.embed.weight
+        self.register_buffer("scale", torch.rand(16), persistent=False)
+        self.register_buffer("steps", torch.tensor(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) * self.scale
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+class TiedTask:
+    """The part of the task seam `Strategy.setup` uses."""
+
+    name = "tied"
+    build_model = TiedLM
+
+    def blocks(self, model: TiedLM) -> list[torch.nn.Module]:
+        return list(model.blocks)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+SMALL_TOWER = ["task.name=toy_tasks.tower", "model.hidden=32", "model.depth=2"]
+
+
+def _sharded_checks(rank: int, port: int, out: Path) -> None:
+    """One of two ranks: a tied model built on the meta device, accumulation under ddp and
+    fsdp, `model.init_from` into the sharded model; each rank saves what it found."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    distributed, config, strategy = pkg("distributed"), pkg("config"), pkg("strategy")
+    denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
+    distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
+    cpu, found = torch.device("cpu"), {}
+
+    fsdp = config.load_config(None, ["dist.strategy=fsdp"])
+    torch.manual_seed(0)
+    net, model = strategy.create(fsdp, denv, cpu).setup(TiedTask())
+    torch.manual_seed(0)
+    reference, tokens = TiedLM(), torch.arange(12).view(3, 4)
+    found["tied"] = net.out.weight is net.embed.weight
+    found["same"] = all(
+        torch.equal(_whole(v), reference.state_dict()[k]) for k, v in net.state_dict().items()
+    )
+    found["buffer"] = torch.equal(net.scale, reference.scale)
+    found["output"] = torch.equal(model(tokens).detach(), reference(tokens).detach())
+
+    # Two micro-batches per step, as the trainer runs them: the first without gradient sync.
+    for name in ("ddp", "fsdp"):
+        cfg = config.load_config(
+            None,
+            [*SMALL_TOWER, f"dist.strategy={name}"],
+        )
+        task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+        torch.manual_seed(0)
+        plan = strategy.create(cfg, denv, cpu)
+        net, model = plan.setup(task)
+        micro = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(rank))
+        with plan.sync(False):
+            (model(micro[0]).square().mean() / 2).backward()
+        found[f"{name}-inner"] = [p.grad is not None for p in net.parameters()]
+        with plan.sync(True):
+            (model(micro[1]).square().mean() / 2).backward()
+        found[f"{name}-grads"] = {n: _whole(p.grad) for n, p in net.named_parameters()}
+
+    # model.init_from into the sharded tower, as the trainer loads it: each rank its slices.
+    weights = pkg("pretrained").read_weights(out / "tower.safetensors")
+    pkg("checkpoint").load_model(task.pretrained_target(net), weights, "model.init_from")
+    found["init"] = {k: _whole(v) for k, v in net.state_dict().items()}
+    torch.save(found, out / f"found-{rank}.pt")
+    distributed.shutdown()
+
+
+@pytest.mark.slow
+def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> None:
+    cfg = pkg("config").load_config(None, [*SMALL_TOWER, "dist.strategy=fsdp"])
+    torch.manual_seed(7)  # other weights than the runs' seed 0 builds
+    tower = pkg("task").load_task(cfg, pkg("settings").get_settings()).build_model()
+    pretrained = tower.state_dict()
+    save_file(pretrained, tmp_path / "tower.safetensors")
+    port = pkg("distributed").rendezvous_port(free_job_id(), 0)
+    mp.spawn(_sharded_checks, args=(port, tmp_path), nprocs=2)
+    for rank in range(2):
+        found = torch.load(tmp_path / f"found-{rank}.pt", weights_only=True)
+        # Rank 1 built only the shapes; rank 0's values reached it, tied weights and buffers
+        # (also one left out of state dicts) too.
+        assert [found[k] for k in ("tied", "same", "buffer", "output")] == [True] * 4, rank
+        # fsdp leaves the inner micro-batch's gradients unreduced (no sharded gradient yet);
+        # ddp keeps each rank's own. The step's gradients agree up to rounding.
+        assert not any(found["fsdp-inner"]) and all(found["ddp-inner"])
+        ddp, fsdp = found["ddp-grads"], found["fsdp-grads"]
+        assert ddp.keys() == fsdp.keys()
+        for key, grad in ddp.items():
+            assert grad.abs().sum() > 0
+            torch.testing.assert_close(fsdp[key], grad, rtol=1e-5, atol=1e-7)
+        assert found["init"].keys() == pretrained.keys()
+        for key, value in pretrained.items():
+            assert torch.equal(found["init"][key], value), key
 
 
 def test_strategy_settings(project: Path) -> None:

@@ -94,6 +94,12 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
     slim = load_file(export.export_run(*export_args(lm_project, "slim")) / "model.safetensors")
     assert slim.keys() == exported.keys()
     assert all(torch.equal(slim[k], exported[k]) for k in slim)
+    # ... and evaluated whole, with the same result as the run that stored everything.
+    evaluate_run = pkg("evaluate").evaluate_run
+    evaluated = [
+        evaluate_run(lm_project / "runs" / r, settings.get_settings()) for r in ("lora", "slim")
+    ]
+    assert evaluated[0]["perplexity"] == evaluated[1]["perplexity"] > 1
 
 
 def test_a_base_of_another_size_is_refused_naming_a_key(lm_project: Path) -> None:

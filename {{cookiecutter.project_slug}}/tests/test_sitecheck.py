@@ -30,8 +30,14 @@ PartitionName=medium AllowGroups=ALL Default=YES DefaultTime=NONE MaxTime=2-00:0
 """  # noqa: E501 - recorded lines
 
 
-def _part(gpu_type: str, gpus: int, cpus: int) -> dict:
-    return {"gpu_type": gpu_type, "gpus_per_node": gpus, "cpus_per_node": cpus, "max_time": "2-0"}
+def _part(gpu_type: str, gpus: int, cpus: int, node_memory: str = "") -> dict:
+    return {
+        "gpu_type": gpu_type,
+        "gpus_per_node": gpus,
+        "cpus_per_node": cpus,
+        "max_time": "2-0",
+        "node_memory": node_memory,
+    }
 
 
 PRESET_A = {
@@ -43,7 +49,7 @@ PRESET_A = {
     "default_memory": "64G/gpu",
     "node_tmp_var": "LOCAL_TMPDIR",
     "partitions": {
-        "gpu-a": _part("A100", 8, 128),
+        "gpu-a": _part("A100", 8, 128, "1T"),
         "gpu-mig": _part("1g.20gb", 4, 64),
         "gone": _part("H100", 4, 96),
     },
@@ -78,6 +84,9 @@ def test_every_difference_is_named_with_the_line_to_change() -> None:
         # 64G per GPU x 8 GPUs = 512G > the 4-GPU node's 488G
         ("gpu-a: 64G/gpu for 8 GPUs asks 512G, the smallest node has 488G",
          'default_memory = "64G/gpu"'),
+        # the memory ceiling of the preset is above the smallest node's (gpu-mig: unknown)
+        ("gpu-a: node memory 1T in the preset, the smallest node has 488G",
+         '[partitions."gpu-a"] node_memory = "1T"'),
         ("gpu-mig: time limit 2-0 in the preset, Slurm says 43200 s",
          '[partitions."gpu-mig"] max_time = "2-0"'),
         ("partition gone: not on this cluster", '[partitions."gone"]'),

@@ -70,7 +70,7 @@ def test_a_data_sets_own_getitems_loads_whole_batches() -> None:
             return [torch.tensor([float(i)]) for i in indices]
 
     kwargs = {"denv": DistEnv(), "seed": 0, "device": torch.device("cpu"), "prefetch_factor": 2}
-    got = list(batches.eval_batches(Bulk(), batch_size=4, num_workers=0, collate=None, **kwargs))
+    got = list(batches.EvalBatches(Bulk(), batch_size=4, num_workers=0, collate=None, **kwargs))
     assert torch.equal(torch.cat(got).flatten(), torch.arange(10.0))
     assert Bulk.calls == 3
 

@@ -3,12 +3,16 @@
 import csv
 import itertools
 import json
+import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from conftest import assert_identical, blobs, final_weights, pkg
+from toy_tasks.blobs import Blobs, NoisyDicts
 
 config = pkg("config")
 trainer = pkg("trainer")
@@ -150,6 +154,42 @@ def test_resume_with_a_larger_batch_at_an_epoch_end_goes_on_to_the_next_epoch(
         signal.signal(signal.SIGALRM, previous)
     assert resumed.summary["status"] == "finished"
     assert (resumed.summary["epoch"], resumed.summary["step"]) == (2, 41 + 4)
+
+
+class PidDicts(NoisyDicts):
+    """Samples that carry the id of the process that loaded them."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {**super().__getitem__(i), "pid": torch.tensor(os.getpid())}
+
+
+class ValPids(Blobs):
+    """Blobs (dict samples) whose evaluation records which processes loaded its batches."""
+
+    pids: set[int]
+
+    def datasets(self, data_dir: Path) -> Any:
+        sets = super().datasets(data_dir)
+        sets.val = PidDicts(sets.val.x, sets.val.y, sets.val.noise)
+        return sets
+
+    def evaluate(self, model: Any, batch: Any) -> dict[str, torch.Tensor]:
+        self.pids.update(batch.pop("pid").tolist())
+        return super().evaluate(model, batch)
+
+
+def test_validation_workers_serve_every_pass_and_end_with_training(project: Path) -> None:
+    args = ["task.samples=dicts", "data.num_workers=2", "train.epochs=3", "train.batch_size=32"]
+    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *FAST, *args, "run.name=pids"])
+    task = ValPids(cfg, pkg("settings").get_settings())
+    task.pids = set()
+    trainer.train(task.cfg, task)
+    assert (project / "runs" / "pids" / "metrics.csv").read_text().count(",val,") == 3
+    # Three passes, two worker processes: the same two served every pass.
+    assert len(task.pids) == 2 and os.getpid() not in task.pids
+    for pid in task.pids:  # shut down and reaped when training ended
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_batch_larger_than_data_is_a_config_error(project: Path) -> None:

@@ -7,15 +7,16 @@ paths, or resuming mid-epoch on either path, does not change the training trajec
 
 The in-memory path (for a `TensorDataset` that fits) skips per-sample `__getitem__` calls,
 collation and host-to-device copies, which dominate the step time of small models. The
-DataLoader path takes any map-style data set; its sampler hands out (epoch, index) pairs, and
-every batch is loaded with torch, `random` and numpy seeded from (seed, epoch, its first
-index), so random augmentation in workers is the same on every start and a resume is exact.
+DataLoader path takes any map-style data set; its sampler hands out one key per batch (the
+epoch and the batch's sample indices, cut from the permutation in one tensor call), and every
+batch is loaded with torch, `random` and numpy seeded from (seed, epoch, its first index), so
+random augmentation in workers is the same on every start and a resume is exact.
 A task's own `collate` makes the batches of the DataLoader path (training and evaluation);
 a data set's own `__getitems__` (one call for a whole batch) is used when it has one.
 """
 
-from collections.abc import Callable, Generator, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import (
@@ -117,10 +118,17 @@ class InMemoryBatches:
         """Nothing to release."""
 
 
-class SeededSamples(Dataset):
-    """Loads the samples of a batch of (epoch, index) keys with seeded RNGs.
+class BatchKey(NamedTuple):
+    """What a DataLoader worker needs to load one batch: its epoch (-1: evaluation) and indices."""
 
-    DataLoader workers call `__getitems__` with a whole batch's keys. The seed depends on the
+    epoch: int
+    indices: list[int]
+
+
+class SeededSamples(Dataset):
+    """Loads the samples of a batch key with seeded RNGs.
+
+    DataLoader workers call `__getitems__` with a whole batch's key. The seed depends on the
     epoch and the batch's first index: each index is in one batch of an epoch, and a resumed
     run draws the same batches, so each batch's random numbers are the same on every start.
     """
@@ -142,47 +150,55 @@ class SeededSamples(Dataset):
             return list(many(indices))
         return [self.dataset[index] for index in indices]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+    def __getitems__(self, key: BatchKey) -> list[Any]:
         """The samples of one batch, as they are drawn in its epoch."""
-        indices = [index for _, index in keys]
         if not self.draws:
-            return self.load(indices)
-        epoch, first = keys[0]
-        with seeded_batch(batch_seed(self.seed, epoch, first)):
-            return self.load(indices)
+            return self.load(key.indices)
+        with seeded_batch(batch_seed(self.seed, key.epoch, key.indices[0])):
+            return self.load(key.indices)
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        """One sample, drawn as the first of a batch."""
-        return self.__getitems__([key])[0]
+    def __getitem__(self, key: BatchKey) -> Any:
+        """The samples of one batch (DataLoader calls `__getitems__`; this is its fallback)."""
+        return self.__getitems__(key)
 
 
-class EpochSampler(Sampler[tuple[int, int]]):
-    """(epoch, index) keys of this rank's samples; `skip` drops the first ones (resume)."""
+class EpochBatches(Sampler[BatchKey]):
+    """Batch keys of this rank's samples; `skip` drops the first batches (resume).
 
-    def __init__(self, n: int, *, seed: int, denv: DistEnv, train: bool) -> None:
-        """`train`: shuffled, equal share per rank; else every sample once, in order."""
-        self.n, self.seed, self.denv, self.train = n, seed, denv, train
+    One key per batch, cut from the epoch's order with one `tolist` call: per-sample keys
+    grouped by a BatchSampler cost tens of microseconds per batch in Python, which a
+    small model's step on a GPU would wait for.
+    """
+
+    def __init__(self, n: int, *, batch_size: int, seed: int, denv: DistEnv, train: bool) -> None:
+        """`train`: shuffled, equal share per rank, full batches; else every sample once."""
+        self.n, self.batch_size, self.seed, self.denv, self.train = n, batch_size, seed, denv, train
         self.epoch, self.skip = 0, 0
 
     def _order(self) -> torch.Tensor:
         if self.train:
-            return rank_order(
+            order = rank_order(
                 self.n,
                 seed=self.seed,
                 epoch=self.epoch,
                 rank=self.denv.rank,
                 world=self.denv.world_size,
             )
+            return order[: len(order) // self.batch_size * self.batch_size]  # drop the rest
         return torch.arange(self.denv.rank, self.n, self.denv.world_size)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        """The keys of the current epoch from position `skip` on."""
-        epoch = self.epoch if self.train else -1  # evaluation: one fixed draw per batch
-        return ((epoch, i) for i in self._order()[self.skip :].tolist())
+    def __iter__(self) -> Iterator[BatchKey]:
+        """The keys of the current epoch from batch `skip` on."""
+        order, size_ = self._order(), self.batch_size
+        if self.train:  # full batches only: one call for the rest of the epoch
+            rows = order[self.skip * size_ :].view(-1, size_).tolist()
+            return (BatchKey(self.epoch, row) for row in rows)
+        # Evaluation: every sample, the last batch may be short; one fixed draw per batch.
+        return (BatchKey(-1, chunk.tolist()) for chunk in order.split(size_)[self.skip :])
 
     def __len__(self) -> int:
-        """Keys left in this epoch."""
-        return len(self._order()) - self.skip
+        """Batches left in this epoch."""
+        return -(-len(self._order()) // self.batch_size) - self.skip
 
 
 def stop_workers(iterator: object) -> None:
@@ -206,26 +222,26 @@ def stop_workers(iterator: object) -> None:
 
 def make_loader(
     dataset: Dataset,
-    sampler: EpochSampler,
+    sampler: EpochBatches,
     *,
-    batch_size: int,
     seed: int,
     device: torch.device,
     num_workers: int,
     prefetch_factor: int,
-    persistent: bool,
     collate: Collate | None,
 ) -> DataLoader:
-    """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses)."""
+    """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses).
+
+    Its workers persist from one pass to the next (training epochs, validation passes):
+    starting them again would import torch and copy the data set into each one every time.
+    """
     return DataLoader(
         SeededSamples(dataset, seed),
-        batch_size=batch_size,
-        sampler=sampler,
+        batch_sampler=sampler,
         collate_fn=collate or default_collate,
-        drop_last=sampler.train,
         num_workers=num_workers,
         pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
-        persistent_workers=persistent and num_workers > 0,
+        persistent_workers=num_workers > 0,
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
         worker_init_fn=ignore_stop_signals,
         # Its own generator: creating an iterator must not consume the global RNG, or a
@@ -235,7 +251,7 @@ def make_loader(
 
 
 class LoaderBatches:
-    """Training batches from a DataLoader whose workers persist across epochs.
+    """Batches from a DataLoader whose workers persist across passes (epochs, validations).
 
     `close` shuts the workers down; the trainer calls it on every way out of training.
     """
@@ -251,26 +267,27 @@ class LoaderBatches:
         num_workers: int,
         prefetch_factor: int,
         collate: Collate | None,
+        train: bool = True,
     ) -> None:
-        """Build the loader once."""
-        self.sampler = EpochSampler(size(dataset), seed=seed, denv=denv, train=True)
-        self.batch_size, self.device = batch_size, device
+        """Build the loader once; its workers start with the first pass."""
+        self.sampler = EpochBatches(
+            size(dataset), batch_size=batch_size, seed=seed, denv=denv, train=train
+        )
+        self.device = device
         self.loader: DataLoader | None = make_loader(
             dataset,
             self.sampler,
-            batch_size=batch_size,
             seed=seed,
             device=device,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
-            persistent=True,
             collate=collate,
         )
         self.live: Iterator[Batch] | None = None  # the loader's iterator, owner of the workers
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return self.sampler.n // self.sampler.denv.world_size // self.batch_size
+        return self.sampler.n // self.sampler.denv.world_size // self.sampler.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation is used."""
@@ -279,8 +296,8 @@ class LoaderBatches:
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """Batches of the current epoch, beginning with batch number `start`."""
         assert self.loader is not None, "iterate() after close()"
-        self.sampler.skip = start * self.batch_size
-        self.live = iter(self.loader)  # persistent: the same iterator (and workers) each epoch
+        self.sampler.skip = start
+        self.live = iter(self.loader)  # persistent: the same iterator (and workers) each pass
         for batch in self.live:
             yield to_device(batch, self.device)
 
@@ -290,43 +307,57 @@ class LoaderBatches:
         self.live = self.loader = None
 
 
-def eval_batches(
-    dataset: Dataset,
-    *,
-    batch_size: int,
-    denv: DistEnv,
-    seed: int,
-    device: torch.device,
-    num_workers: int,
-    prefetch_factor: int,
-    collate: Collate | None,
-) -> Generator[Batch]:
-    """Every sample exactly once across ranks (rank r takes r, r + world, ...), in order."""
-    if isinstance(dataset, TensorDataset) and collate is None:  # slices, no per-sample calls
-        idx = torch.arange(denv.rank, size(dataset), denv.world_size)
-        for chunk in idx.split(batch_size):
-            yield to_device(tuple(t[chunk] for t in dataset.tensors), device)
-        return
-    sampler = EpochSampler(size(dataset), seed=seed, denv=denv, train=False)
-    loader = make_loader(
-        dataset,
-        sampler,
-        batch_size=batch_size,
-        seed=seed,
-        device=device,
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
-        persistent=False,
-        collate=collate,
-    )
-    # Close this generator (`contextlib.closing`) when its consumer fails: the finally
-    # block ends the workers at once, not when the traceback is dropped (see `stop_workers`).
-    iterator = iter(loader)
-    try:
-        for batch in iterator:
-            yield to_device(batch, device)
-    finally:
-        stop_workers(iterator)
+class EvalBatches:
+    """Evaluation batches: every sample exactly once across ranks (rank r takes r, r + world, ...).
+
+    A TensorDataset without a task collate is sliced (no per-sample calls); anything else goes
+    through a `LoaderBatches` whose workers serve every pass until `close`.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        denv: DistEnv,
+        seed: int,
+        device: torch.device,
+        num_workers: int,
+        prefetch_factor: int,
+        collate: Collate | None,
+    ) -> None:
+        """Prepare the passes; no worker starts before the first one."""
+        self.dataset, self.batch_size, self.denv, self.device = dataset, batch_size, denv, device
+        self.loader: LoaderBatches | None = None
+        if not (isinstance(dataset, TensorDataset) and collate is None):
+            self.loader = LoaderBatches(
+                dataset,
+                batch_size=batch_size,
+                denv=denv,
+                seed=seed,
+                device=device,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor,
+                collate=collate,
+                train=False,
+            )
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One pass over the split, in order."""
+        if self.loader is not None:
+            return self.loader.iterate()
+        return self._slices()
+
+    def _slices(self) -> Iterator[Batch]:
+        assert isinstance(self.dataset, TensorDataset)
+        idx = torch.arange(self.denv.rank, size(self.dataset), self.denv.world_size)
+        for part in idx.split(self.batch_size):
+            yield to_device(tuple(t[part] for t in self.dataset.tensors), self.device)
+
+    def close(self) -> None:
+        """Shut the workers down (see `LoaderBatches.close`)."""
+        if self.loader is not None:
+            self.loader.close()
 
 
 def make_train_batches(

@@ -1,4 +1,4 @@
-"""Command line: `<package> prepare | train | evaluate | export | plan | doctor | data`.
+"""Command line: prepare, train, evaluate, export, compare, plan, doctor, data, sweep.
 
 Heavy modules (torch, matplotlib) are imported inside the commands, so `--help` is instant.
 Every command takes `--config FILE` (default `configs/train.toml`) and `section.key=value`
@@ -127,6 +127,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """One table of runs: differing settings, final and best metrics, steps, hours, status."""
+    settings = get_settings()
+    from .compare import run_compare  # noqa: PLC0415
+
+    check_run_name(args.name, "--name")  # a file name below reports/, like a run's folder
+    run_compare(
+        settings.runs_dir,
+        settings.project_root / "reports",
+        args.runs,
+        metric=args.metric,
+        mode=args.mode,
+        name=args.name,
+        figure=not args.no_figure,
+    )
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Memory per GPU under ddp and fsdp, checkpoint size and save time, and advice."""
     for option in ("gpus", "gpu_memory", "disk_mb"):
@@ -159,6 +177,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     run_doctor(cfg, settings, quick=args.quick)
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """A search space -> its runs as one job array (`--trial`: one Optuna trial, in a task)."""
+    settings = get_settings()
+    from . import hooks, sweep  # noqa: PLC0415  (the Optuna part imports optuna)
+
+    space, extra = args.space, list(args.overrides)
+    if space is not None and "=" in space.name:  # settings only: the default space
+        space, extra = None, [str(args.space), *extra]
+    space = space or settings.project_root / "configs" / "sweep.toml"
+    if not args.trial:
+        return sweep.run_sweep(space, extra, args.config, settings, args.dry_run)
+    started = sweep.start_trial(space, extra, settings, os.environ)
+    if started is None:
+        return 0
+    overrides, listener = started
+    with hooks.listening(listener):
+        return cmd_train(argparse.Namespace(config=args.config, overrides=overrides))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,6 +268,35 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     export.add_argument("--out", type=Path, help="output folder (default: runs/<run>/export)")
     export.set_defaults(func=cmd_export)
+
+    sweep = sub.add_parser(
+        "sweep", help="submit a sweep from a search space", description=cmd_sweep.__doc__
+    )
+    sweep.add_argument(
+        "space", nargs="?", type=Path, help="search space (default: configs/sweep.toml)"
+    )
+    sweep.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="a setting of every run"
+    )
+    sweep.add_argument("--config", type=Path, help="TOML config file (default: configs/train.toml)")
+    sweep.add_argument("--dry-run", action="store_true", help="print the runs, submit nothing")
+    sweep.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)  # the job script's
+    sweep.set_defaults(func=cmd_sweep)
+    compare = sub.add_parser(
+        "compare", help="one table of runs, best first", description=cmd_compare.__doc__
+    )
+    compare.add_argument(
+        "runs", nargs="*", metavar="RUNS", help="run names or globs, e.g. 'lr-*' (default: all)"
+    )
+    compare.add_argument(
+        "--metric", default="", help="validation metric to rank by (default: run.best_metric, loss)"
+    )
+    compare.add_argument("--mode", default="", choices=["", "min", "max"], help="better is")
+    compare.add_argument(
+        "--name", default="compare", help="reports/NAME.csv, NAME.md, figures/NAME.png"
+    )
+    compare.add_argument("--no-figure", action="store_true", help="skip the figure")
+    compare.set_defaults(func=cmd_compare)
 
     rawdata.add_data_command(sub)
     return parser

@@ -148,11 +148,12 @@ def resolve_env(env: Mapping[str, str] | None = None) -> DistEnv:
 # time out; a plain untimed store wait would need the private default store.
 IO_TIMEOUT = datetime.timedelta(days=7)
 _io_group: Any = None
+_vote_group: Any = None  # the stop vote's alone: collectives on a group must run in one order
 
 
 def init(denv: DistEnv, device: torch.device, backend: str, timeout_minutes: float) -> None:
     """Join the process group (no-op for a single process). Call set_device before this."""
-    global _io_group  # noqa: PLW0603  (one per process, like torch's default group)
+    global _io_group, _vote_group  # noqa: PLW0603  (one per process, like the default group)
     if not denv.distributed:
         return
     if denv.launcher == "slurm":
@@ -170,6 +171,9 @@ def init(denv: DistEnv, device: torch.device, backend: str, timeout_minutes: flo
         device_id=device if device.type == "cuda" else None,
     )
     _io_group = dist.new_group(backend="gloo", timeout=IO_TIMEOUT)
+    # Untimed like the I/O group: a vote is answered once every rank has finished its step,
+    # which may include a slow save; a rank that dies ends the job through the launcher.
+    _vote_group = dist.new_group(backend="gloo", timeout=IO_TIMEOUT)
 
 
 def io_group() -> Any:
@@ -179,8 +183,8 @@ def io_group() -> Any:
 
 def shutdown() -> None:
     """Leave the process group if one was joined."""
-    global _io_group  # noqa: PLW0603
-    _io_group = None
+    global _io_group, _vote_group  # noqa: PLW0603
+    _io_group = _vote_group = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -202,6 +206,41 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     tensor = torch.tensor([int(f) for f in flags], device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [bool(v) for v in tensor.tolist()]
+
+
+class StepVote:
+    """Flags every rank agrees on, one step late, without a blocking collective per step.
+
+    Each `poll` starts a non-blocking all-reduce (MAX) of this rank's flags on a gloo group of
+    its own, on the host (no GPU sync), and returns the result of the previous poll's, which
+    every rank ran at the same step: so all ranks act on a flag at the same step, at most one
+    step after any rank raised it. The wait is short: the step in between already kept the
+    ranks together. One process: the flags themselves, at once.
+    """
+
+    def __init__(self) -> None:
+        """No vote in flight yet."""
+        self._pending: tuple[torch.Tensor, Any] | None = None
+
+    def poll(self, flags: list[bool]) -> list[bool]:
+        """The previous poll's flags, OR-ed over all ranks; this poll's are sent off."""
+        if _vote_group is None:
+            return flags
+        agreed = [False] * len(flags)
+        if self._pending is not None:
+            tensor, work = self._pending
+            work.wait()
+            agreed = [bool(v) for v in tensor.tolist()]
+        tensor = torch.tensor([int(f) for f in flags])
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_vote_group, async_op=True)
+        self._pending = tensor, work
+        return agreed
+
+    def settle(self) -> None:
+        """Wait for the vote in flight (every rank has sent it) before the group goes away."""
+        if self._pending is not None:
+            self._pending[1].wait()
+            self._pending = None
 
 
 def sum_tensors(

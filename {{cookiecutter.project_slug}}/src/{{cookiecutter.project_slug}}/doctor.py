@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from . import packing
 from .config import Config
 from .distributed import resolve_env
+from .plan import read_cluster
 from .runtime import cpus_available, default_workers
 from .settings import Settings
 
@@ -147,6 +149,17 @@ def _workers_and_storage(cfg: Config, settings: Settings, warnings: list[str]) -
         )
 
 
+def _packing(settings: Settings, cuda: bool) -> None:
+    """Whether small runs should share a GPU (slurm/pack.sbatch), from the runs' summaries."""
+    if cuda:
+        gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    else:
+        gpu_gb = read_cluster(settings.project_root / "configs" / "cluster.toml").gpu_gb
+    lines = packing.advice(packing.trials(settings.runs_dir), gpu_gb)
+    for line in lines or ["no run has trained on a GPU yet: a short one tells whether to pack"]:
+        print(f"packing  {line}")
+
+
 def run_doctor(cfg: Config, settings: Settings, quick: bool = False) -> list[str]:
     """Print the report; return the warnings (also printed)."""
     warnings: list[str] = []
@@ -154,6 +167,7 @@ def run_doctor(cfg: Config, settings: Settings, quick: bool = False) -> list[str
     _software_and_gpus(cuda)
     _slurm(cfg, cuda, warnings)
     _workers_and_storage(cfg, settings, warnings)
+    _packing(settings, cuda)
     if not quick:
         device = torch.device("cuda" if cuda else "cpu")
         print(f"speed    matmul {matmul_tflops(device):.2f} TFLOP/s on {device}", end="")

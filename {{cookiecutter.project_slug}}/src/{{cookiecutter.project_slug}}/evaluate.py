@@ -2,7 +2,6 @@
 
 import json
 import math
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +10,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import checkpoint, distributed
-from .batches import eval_batches, size, to_device
+from .batches import EvalBatches, size, to_device
 from .config import Config, from_dict
 from .distributed import DistEnv
 from .errors import CheckpointError
+from .export import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
 from .settings import Settings
 from .task import Task, load_task, own_collate, set_mode
@@ -31,6 +31,7 @@ def split_sums(
     dtype: torch.dtype | None,
     workers: int,
     lockstep: bool = False,
+    feed: EvalBatches | None = None,
 ) -> dict[str, torch.Tensor]:
     """The task's `evaluate` sums over every sample of `dataset`, added over all processes.
 
@@ -40,11 +41,13 @@ def split_sums(
     `lockstep` (a sharded model, whose every forward gathers parameters from all processes):
     a process with fewer batches runs its last one again, unscored, until each has run as
     many forwards as rank 0, which has the most; otherwise rank 0 would wait forever.
+    `feed`: the batches of `dataset`, kept by the caller so that its workers serve every pass.
     """
     cfg = task.cfg
     set_mode(task, model, training=False)
     sums: dict[str, torch.Tensor] = {}
-    batches = eval_batches(
+    own = feed is None  # a one-off pass (the `evaluate` command): its workers end with it
+    feed = feed or EvalBatches(
         dataset,
         batch_size=cfg.train.batch_size,
         denv=denv,
@@ -55,14 +58,17 @@ def split_sums(
         collate=own_collate(task),
     )
     forwards = 0
-    with closing(batches):  # an error in `task.evaluate` ends the workers at once
-        for raw in batches:
+    try:
+        for raw in feed:
             batch = to_device(raw, device, cfg.model.channels_last)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 part = task.evaluate(model, batch)
             forwards += 1
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    finally:  # the trainer's own feed is closed by the trainer, on every way out
+        if own:
+            feed.close()
     # Rank r scores samples r, r + world, ...: rank 0 has the most, ceil(n / world).
     most = math.ceil(math.ceil(size(dataset) / denv.world_size) / cfg.train.batch_size)
     for _ in range(most - forwards if lockstep and forwards else 0):
@@ -95,7 +101,11 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     datasets = task.datasets(task.processed_dir)
     device = pick_device(device_name, DistEnv())
     model = task.build_model().to(device)
-    checkpoint.load_model(model, state["model"], f"run {run_dir.name}")
+    # A frozen base the checkpoint left out (LoRA) is read again from the run's model.init_from.
+    frozen = list((state.get("frozen") or {}).get("keys", []))
+    step = state["position"]["step"]
+    found = RunWeights(state["model"], state["config"], step, run_dir, frozen)
+    checkpoint.load_model(model, with_frozen_base(found, settings), f"run {run_dir.name}")
     sums = split_sums(
         task,
         model,
@@ -108,7 +118,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     result = {
         "run": run_dir.name,
         "task": cfg.task.name,
-        "step": state["position"]["step"],
+        "step": step,
         "split": "test",
         "samples": size(datasets.test),
         **task.summarize(sums),

@@ -212,7 +212,10 @@ class Timers:
 
 
 def whole_run(seconds: dict[str, float], samples: int) -> dict[str, Any]:
-    """Totals over every segment of a run (up to each one's last checkpoint) and this one."""
+    """Totals over every segment of a run (up to each one's last checkpoint) and this one.
+
+    `gpu_s` is GPU-seconds: each segment's wall time times the GPUs it was charged for.
+    """
     train = seconds.get("data", 0.0) + seconds.get("compute", 0.0)
     return {
         **{f"{key}_s": round(value, 3) for key, value in seconds.items()},

@@ -1,13 +1,19 @@
-"""PNG figures: training curves from metrics.csv, a confusion matrix, true vs predicted.
+"""PNG figures: training curves, confusion matrix, true vs predicted, runs overlaid (`compare`).
 
 matplotlib's file-only "Agg" backend is selected explicitly: compute nodes have no display.
+torch is imported for type hints only, so `compare` draws without loading it.
 """
 
-import csv
-from pathlib import Path
-from types import ModuleType
+from __future__ import annotations
 
-import torch
+import csv
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import ModuleType
+
+    import torch
 
 
 def _pyplot() -> ModuleType:
@@ -117,6 +123,33 @@ def plot_true_vs_predicted(
     ax.set(xlabel="true (standardised)", ylabel="predicted", title=f"{title}: true vs predicted")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_overlay(
+    curves: dict[str, list[tuple[int, float]]], best: list[str], metric: str, path: Path
+) -> Path:
+    """Validation `metric` against the step, one line per run; the `best` runs in colour."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    for name, points in curves.items():
+        if points and name not in best:
+            ax.plot(*zip(*points, strict=True), color="0.75", linewidth=0.8)
+    for rank, name in enumerate(best, 1):  # drawn last: on top of the others
+        if curves.get(name):
+            ax.plot(
+                *zip(*curves[name], strict=True), marker=".", linewidth=2, label=f"{rank}. {name}"
+            )
+    others = sum(1 for n, p in curves.items() if p and n not in best)
+    title = f"validation {metric}: {len(curves)} runs" + (f", {others} in grey" if others else "")
+    ax.set(xlabel="optimizer step", ylabel=metric, title=title)
+    if metric == "loss":
+        ax.set_yscale("log")
+    if best:
+        ax.legend(title="best")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

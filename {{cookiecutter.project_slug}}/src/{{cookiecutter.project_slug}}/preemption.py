@@ -3,7 +3,8 @@
 Slurm sends a signal shortly before the time limit (`#SBATCH --signal=...`) and SIGTERM when it
 preempts or cancels a job. Saving inside a signal handler can catch the model mid-update and
 deadlocks collective calls, so the handler records the request and the training loop, once all
-ranks agree, writes a checkpoint and exits with EXIT_REQUEUE. The job script sees that code and
+ranks agree (`distributed.StepVote`: the step after any rank saw it), writes a checkpoint and
+exits with EXIT_REQUEUE. The job script sees that code and
 requeues the job; the next start resumes from the checkpoint.
 
 Ctrl-C (SIGINT) is a stop signal too: the first one checkpoints at the next step boundary, as

@@ -56,17 +56,48 @@ def autocast_dtype(precision: str, device: torch.device, strict: bool = True) ->
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
-def fits_in_memory(nbytes: int, max_gb: float, device: torch.device) -> bool:
+def packed_runs(env: Mapping[str, str] | None = None) -> int:
+    """How many runs share this process's GPU and CPUs: PACKED_RUNS (slurm/pack.sbatch), else 1."""
+    env = os.environ if env is None else env
+    value = env.get("PACKED_RUNS", "") or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"PACKED_RUNS: must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+def billed_gpus(
+    device: torch.device, world_size: int, env: Mapping[str, str] | None = None
+) -> float:
+    """GPUs a run is charged for while it runs: its job's GPUs, a 1/PACKED_RUNS share when packed.
+
+    In a Slurm job the allocation counts (GPUs per node x nodes, as the job's efficiency line
+    counts them), whether or not torch uses them; outside one, the GPUs the processes train on.
+    """
+    env = os.environ if env is None else env
+    count = world_size if device.type == "cuda" else 0
+    if env.get("SLURM_JOB_ID"):
+        per_node = env.get("SLURM_GPUS_ON_NODE", "")
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        nodes = env.get("SLURM_JOB_NUM_NODES", "")
+        if per_node.isdigit() or visible:
+            on_node = int(per_node) if per_node.isdigit() else len(visible)
+            count = on_node * (int(nodes) if nodes.isdigit() else 1)
+    return count / packed_runs(env)
+
+
+def fits_in_memory(nbytes: int, max_gb: float, device: torch.device, share: int = 1) -> bool:
     """`data.in_memory = "auto"`: the train set fits under `max_gb` and half the free GPU memory.
 
     On a GPU the batches are sliced from a copy of the train set in GPU memory; the other half
-    stays for the model and activations. On the CPU the tensors are in memory already.
+    stays for the model and activations. `share` runs packed onto one GPU start at about the
+    same time and each sees all of the free memory, so each may take 1/`share` of that half.
+    On the CPU the tensors are in memory already.
     """
     if nbytes > max_gb * 1e9:
         return False
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return bool(nbytes <= free / 2)
+        return bool(nbytes <= free / 2 / share)
     return True
 
 
@@ -134,7 +165,8 @@ def cpu_share(denv: DistEnv, env: Mapping[str, str] | None = None) -> int:
     cpus = cpus_available(env)
     if denv.launcher == "slurm" and _cpus_per_task(env):
         return cpus
-    return max(1, cpus // denv.local_world_size)
+    # Runs packed onto one task (slurm/pack.sbatch) share its cores as well.
+    return max(1, cpus // (denv.local_world_size * packed_runs(env)))
 
 
 def default_workers(denv: DistEnv, env: Mapping[str, str] | None = None) -> int:

@@ -137,6 +137,12 @@ def _partition(
         limit = "none" if part.max_time is None else f"{part.max_time} s"
         what = f"{where} time limit {want['max_time']} in the preset, Slurm says {limit}"
         found.append((what, f'{section} max_time = "{want["max_time"]}"'))
+    # Projects made before the preset had node_memory have none: nothing to compare.
+    ceiling = want.get("node_memory", "")
+    if ceiling and part.memory_mb and memory_mb(ceiling) > min(part.memory_mb):
+        smallest = min(part.memory_mb) / 1024
+        what = f"{where} node memory {ceiling} in the preset, the smallest node has {smallest:.0f}G"
+        found.append((what, f'{section} node_memory = "{ceiling}"'))
     asked = memory_mb(memory.removesuffix("/gpu")) * (gpus if memory.endswith("/gpu") else 1)
     if part.memory_mb and asked > min(part.memory_mb):
         smallest = min(part.memory_mb) / 1024

@@ -174,9 +174,14 @@ class Strategy:
         """Digest of the frozen parameters `keys` (cached: frozen weights do not change)."""
         index = tuple(sorted(keys))
         if index not in self._digests:
-            params = dict(net.named_parameters())
-            self._digests[index] = tensor_digest((k, params[k]) for k in index)
+            weights = self.weights(net)
+            self._digests[index] = tensor_digest((k, weights[k]) for k in index)
         return self._digests[index]
+
+    def weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state dict as this process holds it."""
+        weights: dict[str, torch.Tensor] = net.state_dict()
+        return weights
 
     def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Model (without frozen parameters) and optimizer state, as this strategy saves them."""
@@ -229,17 +234,44 @@ class FSDP(Strategy):
         )
 
     def materialise(self, task: Task) -> nn.Module:
-        """The model on the CPU: `fully_shard` moves only this process's shards to the device."""
-        return task.build_model()
+        """Rank 0 builds the model on the CPU; every other rank only its shapes (meta device).
+
+        Rank 0's seeded weights are those ddp and a single process start from. The other
+        ranks never hold the whole model: `wrap` gives them their shards of rank 0's values.
+        """
+        if self.denv.rank == 0:
+            return task.build_model()
+        with torch.device("meta"):
+            return task.build_model()
 
     def wrap(self, net: nn.Module, blocks: list[nn.Module]) -> nn.Module:
-        """`fully_shard` each block, then the rest (one process: the model as it is)."""
+        """`fully_shard` each block, then the rest, then fill every rank's shards from rank 0.
+
+        One process: the model as it is, on the device.
+        """
         if not self.denv.distributed:
             return place(net, self.device)
+        # Rank 0's whole tensors stay referenced here until every rank has its shards; the
+        # other ranks' (meta) state dict only names the keys.
+        initial = net.state_dict()
+        # Buffers left out of state dicts (e.g. a precomputed rotary table) are sent apart.
+        transient = [name for name, _ in net.named_buffers() if name not in initial]
         mesh = init_device_mesh(self.device.type, (self.denv.world_size,))
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=self.policy)
         fully_shard(net, mesh=mesh, mp_policy=self.policy)
+        if self.denv.rank != 0:
+            net.to_empty(device=self.device)  # allocates this rank's shards, uninitialised
+        # Sent one tensor at a time; each rank keeps its shard of it (tied weights stay tied).
+        set_model_state_dict(
+            net,
+            initial if self.denv.rank == 0 else {},
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        del initial
+        buffers = dict(net.named_buffers())
+        for name in transient:
+            torch.distributed.broadcast(buffers[name], src=0)
         return net
 
     def sync(self, sync: bool) -> AbstractContextManager[Any]:
@@ -258,10 +290,19 @@ class FSDP(Strategy):
         """Whether every shard on every process is finite (one all-reduce)."""
         return not distributed.any_rank([not self.local_finite(net)], self.device)[0]
 
+    def weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The sharded parameters and buffers, whatever FSDP's state.
+
+        After a forward pass the root's parameters are whole (and in the compute dtype) until
+        resharded, which a state dict does first.
+        """
+        weights: dict[str, torch.Tensor] = get_model_state_dict(net)
+        return weights
+
     def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Sharded state keyed by parameter names: it loads into any number of processes."""
         skip = set(self.frozen_keys(net))
-        weights = {k: v for k, v in get_model_state_dict(net).items() if k not in skip}
+        weights = {k: v for k, v in self.weights(net).items() if k not in skip}
         return {"model": weights, "optimizer": get_optimizer_state_dict(net, optimizer)}
 
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:

@@ -132,7 +132,12 @@ class Task(ABC):
     # --- model and optimisation -----------------------------------------------------------
     @abstractmethod
     def build_model(self) -> nn.Module:
-        """A new model with its initial weights (called after `datasets`)."""
+        """A new model with its initial weights (called after `datasets`).
+
+        Under `dist.strategy = "fsdp"` ranks other than 0 call it inside `torch.device("meta")`:
+        their tensors hold no values (rank 0's are copied into their shards), so it must not
+        read them.
+        """
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's parameter groups.

@@ -1,8 +1,9 @@
 """The training loop: one function, `train`, from configuration to checkpoints and figures.
 
 Read top to bottom: set-up (devices, process group, data, model), resume, the loop, the end.
-The loop only does work a hand-written loop would do; everything else (logging, checkpoint and
-stop decisions) happens every `log_every_steps` steps or at step boundaries. Everything that
+The loop only does work a hand-written loop would do; logging happens every `log_every_steps`
+steps, and the ranks agree on stops and due checkpoints with a vote that never waits for the
+GPU (`distributed.StepVote`). Everything that
 belongs to the research problem (data, model, loss, metrics, figures) is asked of the task
 (task.py); nothing here needs an edit for a new problem.
 """
@@ -14,7 +15,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -23,8 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import checkpoint, checkpoint_io, distributed, names, optim, provenance, strategy
-from .batches import check_first_sample, make_train_batches, size, tensor_bytes, to_device
+from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, provenance, strategy
+from .batches import (
+    EvalBatches,
+    check_first_sample,
+    make_train_batches,
+    size,
+    tensor_bytes,
+    to_device,
+)
 from .config import Config, to_dict, to_toml
 from .data import check_same_data, processed_digest, stage
 from .errors import CheckpointError, ConfigError, DataError
@@ -40,10 +48,12 @@ from .preemption import (
 )
 from .runtime import (
     autocast_dtype,
+    billed_gpus,
     configure_backends,
     default_workers,
     fits_in_memory,
     limit_threads,
+    packed_runs,
     pick_device,
     seed_everything,
 )
@@ -187,9 +197,30 @@ def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device
         cfg.data.in_memory == "yes"
         or (
             cfg.data.in_memory == "auto"
-            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device)
+            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device, packed_runs())
         )
     )
+
+
+def check_sizes(cfg: Config, task: Task, datasets: Datasets, denv: distributed.DistEnv) -> int:
+    """Check the first samples and the settings that depend on the data; batches per epoch."""
+    for split in ("train", "val"):
+        check_first_sample(
+            datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
+        )
+    train_size, accum = size(datasets.train), cfg.train.grad_accum_steps
+    batches = train_size // denv.world_size // cfg.train.batch_size
+    if batches // accum == 0:
+        raise ConfigError(
+            f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
+            f"{accum} accumulation steps exceeds the {train_size} training samples"
+        )
+    if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
+        raise ConfigError(
+            f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
+            f"(one of {list(task.metrics)})"
+        )
+    return batches
 
 
 class Trainer:
@@ -219,28 +250,14 @@ class Trainer:
         self.run_dir = settings.runs_dir / self.name
         self.ckpt_dir = self.run_dir / "checkpoints"
 
-        for split in ("train", "val"):
-            check_first_sample(
-                datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
-            )
         train_set = datasets.train
         # A task's own collate makes every batch: never the in-memory path, which has none.
         self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
-        self.batches_per_epoch = size(train_set) // denv.world_size // cfg.train.batch_size
+        self.batches_per_epoch = check_sizes(cfg, task, datasets, denv)
         self.steps_per_epoch = self.batches_per_epoch // self.accum
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
-                f"{self.accum} accumulation steps exceeds the {size(train_set)} training samples"
-            )
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
-        if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
-            raise ConfigError(
-                f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
-                f"(one of {list(task.metrics)})"
-            )
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
         self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
@@ -254,6 +271,9 @@ class Trainer:
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
         self.scheduler = task.schedule(self.optimizer, self.total_steps)
         self.dtype = autocast_dtype(cfg.train.precision, device)
+        # fp32: no autocast context at all (a disabled one still costs microseconds a step).
+        cast = partial(torch.autocast, device.type, self.dtype)
+        self.autocast = cast if self.dtype else nullcontext
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
 
@@ -264,24 +284,29 @@ class Trainer:
         self.best: float | None = None  # best value of run.best_metric so far
         self.earlier: dict[str, float] = {}  # seconds per activity of the earlier segments
         self.timers = Timers()
+        # GPU-seconds (the whole_run's gpu_s, for `compare`) accrue at this many per second.
+        self.gpus = billed_gpus(device, denv.world_size)
         self._held = ExitStack()  # the run directory's lock
         self.saved_step, self.saved_time = -1, time.monotonic()
         self.metrics: MetricsLog | None = None
         self.tracker_saved: dict[str, str] | None = None  # W&B/MLflow run to continue
         self.last_val: dict[str, float] = {}
         self.last_sums: dict[str, torch.Tensor] = {}
+        self.vote = distributed.StepVote()
+        self.pruned = ""  # "pruned": a listener (a sweep's pruner) stopped the run
         # Last: the DataLoader workers start here, so nothing above can leave them behind.
-        self.batches = make_train_batches(
-            train_set,
-            in_memory=self.in_memory,
-            batch_size=cfg.train.batch_size,
-            denv=denv,
-            seed=cfg.run.seed,
-            device=device,
-            num_workers=self.workers,
-            prefetch_factor=cfg.data.prefetch_factor,
-            collate=own_collate(task),
-        )
+        # Validation keeps its own workers from pass to pass (they start with its first).
+        feed: dict[str, Any] = {
+            "batch_size": cfg.train.batch_size,
+            "denv": denv,
+            "seed": cfg.run.seed,
+            "device": device,
+            "num_workers": self.workers,
+            "prefetch_factor": cfg.data.prefetch_factor,
+            "collate": own_collate(task),
+        }
+        self.val_batches = EvalBatches(datasets.val, **feed)
+        self.batches = make_train_batches(train_set, in_memory=self.in_memory, **feed)
 
     def __enter__(self) -> "Trainer":
         """Lock the run directory (rank 0; every rank learns whether that worked)."""
@@ -293,6 +318,7 @@ class Trainer:
                 problem = str(err)
         if problem := distributed.broadcast_object(problem):
             self.batches.close()
+            self.val_batches.close()
             raise ConfigError(problem)
         return self
 
@@ -300,6 +326,7 @@ class Trainer:
         """Finish a background save, shut the DataLoader workers down, close the metrics, unlock."""
         self.checkpoints.close()
         self.batches.close()
+        self.val_batches.close()
         if self.metrics is not None:  # closed by `report` already, unless training failed
             self.metrics.close()
         # DDP's reducer holds the process group. Dropped here, before the group is destroyed,
@@ -434,7 +461,7 @@ class Trainer:
         if self.cfg.model.channels_last:
             batch = to_device(batch, self.device, channels_last=True)
         with self.strategy.sync(sync):
-            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            with self.autocast():  # the forward only, as autocast asks
                 loss = self.task.loss(self.model, batch)
             if loss.dim() != 0:
                 raise DataError(
@@ -472,9 +499,12 @@ class Trainer:
             dtype=self.dtype,
             workers=self.workers,
             lockstep=self.strategy.sharded,
+            feed=self.val_batches,
         )
         self.last_val = self.task.summarize(self.last_sums)
         self.keep_best()
+        prune = self.denv.is_main and hooks.validated(self.pos.step, self.last_val)
+        self.pruned = "pruned" if distributed.broadcast_object(prune) else ""
         self.timers.add("eval", start)
         if self.metrics is not None:
             self.metrics.write(
@@ -502,8 +532,9 @@ class Trainer:
         self.checkpoints.barrier()  # the others wait for the write outside any timed collective
 
     def run_seconds(self) -> dict[str, float]:
-        """Seconds per activity (and wall) of the whole run so far: earlier segments and this."""
-        now = {"wall": time.perf_counter() - self.timers.start, **self.timers.seconds}
+        """Seconds per activity, wall and GPU-seconds of the run: earlier segments and this."""
+        wall = time.perf_counter() - self.timers.start
+        now = {"wall": wall, **self.timers.seconds, "gpu": wall * self.gpus}
         return {key: self.earlier.get(key, 0.0) + value for key, value in now.items()}
 
     def decide(self, stop_requested: bool, epoch_done: bool, segment_steps: int) -> str:
@@ -514,18 +545,10 @@ class Trainer:
             and self.pos.step < self.total_steps
         )
         planned = epoch_done or segment or (every > 0 and self.pos.step % every == 0)
-        stop = time_due = False
-        # Several processes agree with one all-reduce, a host sync: only at logging steps
-        # (which sync anyway) and planned checkpoints, so the CPU can run ahead of the GPU
-        # in between; a stop signal then waits at most run.log_every_steps steps.
-        if not self.denv.distributed or planned or self.pos.step % self.log_every == 0:
-            stop, time_due = distributed.any_rank(
-                [
-                    stop_requested,
-                    minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes,
-                ],
-                self.device,
-            )
+        # Every rank acts on the same step, at most one step after any rank saw the flag.
+        stop, time_due = self.vote.poll(
+            [stop_requested, minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes]
+        )
         # The save before an exit is written at once; the others may go to the background.
         if (planned or stop or time_due) and not self.save_checkpoint(not (stop or segment)):
             return "diverged"
@@ -568,6 +591,7 @@ class Trainer:
         )
         self.timers, first_samples = Timers(), self.pos.samples
         outcome, segment_steps = self._loop(progress, stop)
+        self.vote.settle()
         progress.close()
         if outcome != "diverged" and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
@@ -585,17 +609,21 @@ class Trainer:
             self.say(stop_message(stop.signal_name, self.pos.step, self.name))
         elif outcome == "segment":
             self.say(f"segment done at step {self.pos.step}; the next start resumes")
+        elif outcome == "pruned":
+            self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
         status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
-            outcome, "finished"
-        )
+            outcome, outcome or "finished"
+        )  # and "pruned" (a sweep's pruner) stays "pruned"
         summary = {
             "run": self.name,
             "status": status,
             "step": self.pos.step,
             "epoch": self.pos.epoch,
             "total_steps": self.total_steps,
+            "gpus": self.gpus,  # billed GPUs of this segment (a share when packed)
+            "packed_runs": packed_runs(),  # runs that shared the GPU (slurm/pack.sbatch)
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
@@ -656,7 +684,7 @@ class Trainer:
                     progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
                 if epoch_done:
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
-                if outcome := self.decide(stop.requested, epoch_done, segment_steps):
+                if outcome := self.decide(stop.requested, epoch_done, segment_steps) or self.pruned:
                     return outcome, segment_steps
                 if epoch_done:
                     break
@@ -699,6 +727,7 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2) + "\n", encoding="utf-8"
         )
+        hooks.ended(summary)
         self.say(format_summary(summary))
         if summary["status"] == "finished" and self.cfg.run.figures:
             figures = self.settings.figures_dir / self.name

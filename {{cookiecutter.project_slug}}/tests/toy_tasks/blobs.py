@@ -4,8 +4,12 @@
 with random noise added per sample in `__getitem__` (augmentation), so the DataLoader path,
 workers and the per-sample seeding are exercised. `task.freeze_epochs` freezes the first layer
 for that many epochs, and `task.first_lr` gives it a learning rate of its own (fine-tuning).
+`task.usr1_step` / `task.usr1_in_val`: the process with rank 1 sends itself SIGUSR1 during
+that training step / during its first validation pass (a stop that one rank alone sees).
 """
 
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,8 @@ class Options:
     noise: float = 0.3  # augmentation noise of the dict samples
     freeze_epochs: int = 0  # first layer frozen for this many epochs
     first_lr: float = 0.0  # > 0: the first layer's own learning rate
+    usr1_step: int = 0  # > 0: rank 1 signals itself during this step (counted from the start)
+    usr1_in_val: bool = False  # rank 1 signals itself during its first validation pass
 
 
 class Blobs(Classification):
@@ -74,11 +80,24 @@ class Blobs(Classification):
     def _pair(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
 
+    steps = 0  # loss calls of this process (one per step without accumulation)
+
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        self.steps += 1
+        if self.steps == self.options.usr1_step:
+            self.signal_on_rank1()
         return super().loss(model, self._pair(batch))
 
     def evaluate(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        if self.options.usr1_in_val:
+            self.options.usr1_in_val = False
+            self.signal_on_rank1()
         return super().evaluate(model, self._pair(batch))
+
+    @staticmethod
+    def signal_on_rank1() -> None:
+        if os.environ.get("SLURM_PROCID") == "1":
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def first_layer(self, model: nn.Module) -> nn.Module:
         return next(m for m in model.modules() if isinstance(m, nn.Linear))
