@@ -118,8 +118,8 @@ model.name = ["mlp", "cnn"]
     ("space", "message"),
     [
         (
-            '[sweep]\nname = "a"\nmetod = "grid"\n[space]\ntrain.lr = [1]',
-            "sweep.metod: unknown key",
+            '[sweep]\nname = "a"\nalgorithm = "grid"\n[space]\ntrain.lr = [1]',
+            "sweep.algorithm: unknown key",
         ),
         (
             '[sweep]\nname = "a"\n[space]\ntrain.lr = {uniform = [0.1, 1]}',
