@@ -3,9 +3,9 @@
 Read top to bottom: set-up (devices, process group, data, model), resume, the loop, the end.
 The loop only does work a hand-written loop would do; logging happens every `log_every_steps`
 steps, and the ranks agree on stops and due checkpoints with a vote that never waits for the
-GPU (`distributed.StepVote`). Everything that
-belongs to the research problem (data, model, loss, metrics, figures) is asked of the task
-(task.py); nothing here needs an edit for a new problem.
+GPU (`distributed.StepVote`). Everything that belongs to the research problem (data, model,
+loss, metrics, figures) is asked of the task (task.py); nothing here needs an edit for a new
+problem.
 """
 
 import datetime
