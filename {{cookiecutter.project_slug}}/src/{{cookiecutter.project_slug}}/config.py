@@ -311,13 +311,18 @@ def validate(cfg: Config) -> None:
     check_upper_bounds(cfg)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, missing: str) -> dict[str, Any]:
+    """A TOML file's content; a missing or invalid file raises ConfigError (`missing` names it)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(missing) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    data = read_toml(path, f"config file not found: {path}")
     for section_name, table in data.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")

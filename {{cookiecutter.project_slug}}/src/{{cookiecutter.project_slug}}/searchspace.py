@@ -14,14 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, load_config
+from .config import Config, load_config, read_toml
 from .errors import ConfigError
 from .names import check_run_name
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser as a package
-    import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
 
 METHODS = ("grid", "random", "optuna")
 PRUNERS = ("median", "none")
@@ -198,12 +193,7 @@ def _enqueued(
 
 def load_space(path: Path) -> Space:
     """Read and check a search-space file; a problem raises ConfigError naming the key."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"search space not found: {path} (see configs/sweep.toml)") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    data = read_toml(path, f"search space not found: {path} (see configs/sweep.toml)")
     for key in sorted(set(data) - {"sweep", "fixed", "space", "enqueue"}):
         raise _where(path, key)("unknown table: use [sweep], [fixed], [space] and [[enqueue]]")
     head = _head(data.get("sweep", {}), path)
