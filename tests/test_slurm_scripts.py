@@ -592,6 +592,7 @@ def test_make_gpu_check_runs_every_gpu_test_and_the_benchmarks(default_bake) -> 
     assert plan.returncode == 0, plan.stderr
     assert "-m pytest -m gpu tests/test_gpu.py" in plan.stdout
     assert "benchmarks/bench_trainer.py --device cuda" in plan.stdout
+    assert "benchmarks/bench_checkpoint.py --device cuda" in plan.stdout
     # Budgets of the steps: within the 8 minutes the check promises.
     assert sum(int(t) for t in re.findall(r"^timeout (\d+) ", plan.stdout, re.MULTILINE)) <= 480
     # Without CUDA (here) it stops at once with one line instead of skipping every test.

@@ -8,7 +8,10 @@ through
 - `raw`: a DataLoader over a TensorDataset and the usual loop
   (to device, zero_grad, forward, loss, backward, step);
 - `loader`: this package's trainer forced onto its DataLoader path (same loader settings);
-- `inmem`: the trainer's default in-memory path (MLP only).
+- `inmem`: the trainer's default in-memory path (MLP only);
+- `lightning` (with `--lightning`, where Lightning is installed; MLP only): Lightning's
+  Trainer on the same module and DataLoader, timed from its train start to its train end
+  (no validation, checkpoints, logger or progress bar), compared with `loader`.
 
 Samples/s count training steps only on both sides (the trainer's validation and checkpoint
 time is reported separately by it and left out). Measurements are interleaved, in alternating
@@ -20,7 +23,11 @@ line is
 
     trainer/raw: mlp=<ratio> cnn=<ratio> inmem=<ratio>
 
+and with `--lightning` one more, `trainer/lightning: mlp=<ratio>` (above 1: the trainer is
+faster).
+
 Usage: python benchmarks/bench_trainer.py [--rounds 25] [--threads 1] [--device auto]
+       [--lightning]
 """
 
 import argparse
@@ -31,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--mlp-steps", type=int, default=128)
     parser.add_argument("--cnn-steps", type=int, default=16)
+    parser.add_argument(
+        "--lightning", action="store_true", help="also Lightning on the MLP (pip install lightning)"
+    )
     parser.add_argument(
         "--clock",
         choices=["auto", "cpu", "wall"],
@@ -183,14 +194,71 @@ def with_trainer(work: Workload, device: torch.device, *, in_memory: bool) -> fl
     return result.summary["samples_per_s"]
 
 
+def with_lightning(work: Workload, device: torch.device) -> float:
+    """Lightning's Trainer on the same work; returns samples/s from train start to end."""
+    import lightning  # noqa: PLC0415  (optional: only this comparison needs it)
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            cfg = config.load_config(None, model_cfg(work.model))
+            self.model = models.build_model(cfg.model, work.shape, 10)
+
+        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+            del index
+            x, y = batch
+            return nn.functional.cross_entropy(self.model(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=LR)
+
+    class Clock(lightning.Callback):
+        start = seconds = 0.0
+
+        def on_train_start(self, *_: object) -> None:
+            self.start = time.perf_counter()
+
+        def on_train_end(self, *_: object) -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.seconds = time.perf_counter() - self.start
+
+    torch.manual_seed(0)
+    clock = Clock()
+    fit = lightning.Trainer(
+        max_steps=work.steps,
+        accelerator=device.type,
+        devices=1,
+        precision="32-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+    )
+    loader = DataLoader(
+        work.train,
+        batch_size=work.batch,
+        shuffle=True,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+    )
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # its advice on workers and logging is not the point
+        fit.fit(Module(), loader)
+    return work.steps * work.batch / clock.seconds
+
+
 def measure(work: Workload, device: torch.device, kinds: list[str]) -> dict[str, float]:
-    """Samples/s of each kind ("raw", "loader", "in-memory"), run in the given order."""
-    return {
-        kind: raw_loop(work, device)
-        if kind == "raw"
-        else with_trainer(work, device, in_memory=kind == "in-memory")
-        for kind in kinds
+    """Samples/s of each kind ("raw", "loader", "in-memory", "lightning"), in the given order."""
+    run = {
+        "raw": lambda: raw_loop(work, device),
+        "loader": lambda: with_trainer(work, device, in_memory=False),
+        "in-memory": lambda: with_trainer(work, device, in_memory=True),
+        "lightning": lambda: with_lightning(work, device),
     }
+    return {kind: run[kind]() for kind in kinds}
 
 
 def main() -> None:
@@ -209,15 +277,19 @@ def main() -> None:
         "mlp": Workload(synthetic(256 * 64, (64,)), "mlp", 256, ARGS.mlp_steps),
         "cnn": Workload(synthetic(128 * 16, (1, 28, 28)), "cnn", 128, ARGS.cnn_steps),
     }
+    mlp_kinds = ["raw", "loader", "in-memory", *(["lightning"] if ARGS.lightning else [])]
     ratios: dict[str, list[float]] = {"mlp": [], "cnn": [], "inmem": []}
+    if ARGS.lightning:
+        ratios["lightning"] = []
     best: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PROJECT_ROOT"] = tmp  # trainer runs and figures go to a throw-away place
         for work in workloads.values():  # warm-up, not measured
-            measure(Workload(work.train, work.model, work.batch, 5), device, ["raw", "loader"])
+            kinds = mlp_kinds if work.model == "mlp" else ["raw", "loader"]
+            measure(Workload(work.train, work.model, work.batch, 5), device, kinds)
         for round_ in range(ARGS.rounds):
             for label, work in workloads.items():
-                kinds = ["raw", "loader", "in-memory"] if label == "mlp" else ["raw", "loader"]
+                kinds = mlp_kinds if label == "mlp" else ["raw", "loader"]
                 # Alternate the order, so warm or cold caches favour no side.
                 speed = measure(work, device, kinds if round_ % 2 == 0 else kinds[::-1])
                 for kind, value in speed.items():
@@ -225,6 +297,8 @@ def main() -> None:
                 ratios[label].append(speed["loader"] / speed["raw"])
                 if "in-memory" in speed:
                     ratios["inmem"].append(speed["in-memory"] / speed["raw"])
+                if "lightning" in speed:
+                    ratios["lightning"].append(speed["loader"] / speed["lightning"])
                 shown = "  ".join(f"{kind} {speed[kind]:8.0f}" for kind in kinds)
                 print(f"round {round_} {label}: {shown}  samples/s", flush=True)
     print(
@@ -243,6 +317,8 @@ def main() -> None:
         "inmem": best["mlp", "in-memory"] / best["mlp", "raw"],
     }
     print("trainer/raw: " + " ".join(f"{k}={v:.2f}" for k, v in final.items()))
+    if ARGS.lightning:
+        print(f"trainer/lightning: mlp={best['mlp', 'loader'] / best['mlp', 'lightning']:.2f}")
 
 
 if __name__ == "__main__":

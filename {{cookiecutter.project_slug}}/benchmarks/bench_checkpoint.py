@@ -1,0 +1,147 @@
+"""What a checkpoint costs on this machine's device and disk: save, background save, resume.
+
+The test task `toy_tasks.tower` (a residual MLP tower, `--width` x `--depth`) is built on the
+device with AdamW after one step, so the state is what training saves: weights and both Adam
+moments. The trainer's checkpoint layer (`checkpoint_io.Checkpointer`) then, for
+`dist.strategy` ddp (one file) and fsdp (the sharded format; one shard in one process):
+
+- `save`: a blocking save (best of `--rounds`): the loop waits for all of it;
+- `held`: a background save (`run.async_checkpoint`) until training may go on (the copy of the
+  state off the device), and `behind`: until it is written (checksums and rename included);
+  the second of two, since the first also allocates the host buffers the others reuse
+  (`first`);
+- `load`: reading the newest checkpoint and loading it into the model and optimizer, as a
+  resumed run does.
+
+`save` is the figure behind `STOP_GRACE` (slurm/common.sh): the stop signal must come at least
+one blocking save before the time limit, and more where the disk is shared. With background
+saves, checkpoints further apart than `behind` hold training only for `held`. The last line is
+
+    checkpoint: <strategy> <GiB> GiB save=<s> s (<GB/s> GB/s) held=<s> s load=<s> s | ...
+
+Usage: python benchmarks/bench_checkpoint.py [--device auto] [--width 4096] [--depth 4]
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # the test tasks (toy_tasks.tower)
+
+import torch  # noqa: E402
+
+from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
+
+checkpoint, checkpoint_io, distributed = pkg("checkpoint"), pkg("checkpoint_io"), pkg("distributed")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--width", type=int, default=4096, help="tower width")
+    parser.add_argument("--depth", type=int, default=4, help="tower blocks")
+    parser.add_argument("--rounds", type=int, default=2, help="blocking saves; the best counts")
+    return parser.parse_args()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, work: Callable[[], None]) -> float:
+    """Seconds of `work()`, with the device's queue empty before and after."""
+    sync(device)
+    start = time.perf_counter()
+    work()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Path) -> dict:
+    overrides = [
+        "task.name=toy_tasks.tower",
+        f"model.hidden={args.width}",
+        f"model.depth={args.depth}",
+        f"train.device={device.type}",
+        f"dist.strategy={name}",
+    ]
+    cfg = pkg("config").load_config(None, overrides)
+    task = pkg("task").load_task(cfg, pkg("settings").get_settings())
+    denv = distributed.DistEnv()
+    strategy = pkg("strategy").create(cfg, denv, device)
+    net, model = strategy.setup(task)
+    optimizer = torch.optim.AdamW(net.parameters())
+    x = torch.randn(64, 16, device=device)
+    y = torch.randint(0, 4, (64,), device=device)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()  # the Adam moments exist now
+    saver = checkpoint_io.Checkpointer(runs / name, strategy, denv, keep=1, say=print)
+    saver.run_id = checkpoint.run_id(runs)
+    step = 0
+
+    def save(background: bool) -> None:
+        nonlocal step
+        step += 1
+        saver.save(step, net, optimizer, {"step": step}, background)
+
+    blocking = min(timed(device, lambda: save(False)) for _ in range(args.rounds))
+    held, behind = [], []
+    for _ in range(2):
+        sync(device)
+        start = time.perf_counter()
+        save(True)
+        held.append(time.perf_counter() - start)
+        saver.wait()
+        behind.append(time.perf_counter() - start)
+    size = sum(f.stat().st_size for f in (runs / name).rglob("*") if f.is_file())
+
+    def load() -> None:
+        state = saver.load_latest(net, optimizer)
+        strategy.load(net, optimizer, state, "bench")
+
+    loaded = timed(device, load)
+    saver.close()
+    return {
+        "gib": size / 2**30,
+        "save": blocking,
+        "gbs": size / 1e9 / blocking,
+        "first": held[0],
+        "held": held[1],
+        "behind": behind[1],
+        "load": loaded,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("ddp", "fsdp"):
+            found[name] = f = measure(args, name, device, Path(tmp))
+            print(
+                f"{name:5s} on {device.type}: checkpoint {f['gib']:.2f} GiB; blocking save "
+                f"{f['save']:.2f} s ({f['gbs']:.2f} GB/s); background save holds training "
+                f"{f['held']:.2f} s (the first {f['first']:.2f} s) and is written "
+                f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s",
+                flush=True,
+            )
+    print(
+        "checkpoint: "
+        + " | ".join(
+            f"{name} {f['gib']:.2f} GiB save={f['save']:.2f} s ({f['gbs']:.2f} GB/s) "
+            f"held={f['held']:.2f} s load={f['load']:.2f} s"
+            for name, f in found.items()
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
