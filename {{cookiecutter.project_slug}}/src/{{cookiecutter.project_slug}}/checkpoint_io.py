@@ -46,13 +46,11 @@ class Stager:
     def __init__(self) -> None:
         """No buffers yet: the first save allocates them."""
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._copied_from_gpu = False
 
     def stage(self, obj: Any) -> Any:
         """A copy of `obj` whose tensors live on the CPU and no longer change with training."""
-        self._copied_from_gpu = False
         copy = self._copy(obj, ())
-        if self._copied_from_gpu:
+        if self._buffers:  # copies from the GPU were queued: wait for all of them at once
             torch.cuda.synchronize()
         return copy
 
@@ -65,7 +63,6 @@ class Stager:
                 buffer = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
                 self._buffers[where] = buffer
             buffer.copy_(obj.detach(), non_blocking=True)
-            self._copied_from_gpu = True
             return buffer
         if isinstance(obj, dict):
             return {key: self._copy(value, (*where, key)) for key, value in obj.items()}
