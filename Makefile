@@ -117,7 +117,7 @@ publish: ## Push the release tag to REMOTE (origin); check it has every release'
 # copy of it (standard library and git only: no .venv needed).
 fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1 for JSON
 	@test -n "$(REPOS)" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
-	@$(PYTHON) '{{cookiecutter.project_slug}}/src/{{cookiecutter.project_slug}}/template_status.py' \
+	@$(PYTHON) '{{cookiecutter.project_slug}}/tools/template_status.py' \
 		--repos-file "$(REPOS)"$(if $(JSON), --json)
 
 bench: $(STAMP) ## Time a default bake with each engine

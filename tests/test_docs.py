@@ -309,7 +309,7 @@ PROBE = r"""
 import json, sys
 from pathlib import Path
 from {slug}.cli import build_parser
-from {slug}.config import load_config
+from {slug}.task import load_config
 parser = build_parser()
 sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
 results = {{"commands": sorted(sub.choices), "errors": []}}

@@ -258,14 +258,14 @@ CLUSTER_OUTPUT = [
     ("training step ended with exit code", "slurm/common.sh"),
     ("requeueing ", "slurm/common.sh"),
     ("of at most ", "slurm/common.sh"),
-    ("stop signal (", "src/{slug}/preemption.py"),
-    ("): checkpoint at step ", "src/{slug}/preemption.py"),
-    (" written, exit", "src/{slug}/preemption.py"),
-    (": resumed from step ", "src/{slug}/trainer.py"),
-    (" process(es) via ", "src/{slug}/trainer.py"),
-    ("capability ", "src/{slug}/doctor.py"),
-    ("bf16     ", "src/{slug}/doctor.py"),
-    (", partition ", "src/{slug}/doctor.py"),
+    ("stop signal (", "src/{slug}/engine/preemption.py"),
+    ("): checkpoint at step ", "src/{slug}/engine/preemption.py"),
+    (" written, exit", "src/{slug}/engine/preemption.py"),
+    (": resumed from step ", "src/{slug}/engine/trainer.py"),
+    (" process(es) via ", "src/{slug}/engine/trainer.py"),
+    ("capability ", "src/{slug}/ops/doctor.py"),
+    ("bf16     ", "src/{slug}/ops/doctor.py"),
+    (", partition ", "src/{slug}/ops/doctor.py"),
 ]
 
 

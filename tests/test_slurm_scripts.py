@@ -215,7 +215,7 @@ def test_modules_load_from_a_clean_state(default_bake) -> None:
 def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
     project = default_bake.project
     spec = importlib.util.spec_from_file_location(
-        "dist", project / "src" / project.name / "distributed.py"
+        "dist", project / "src" / project.name / "engine/distributed.py"
     )
     assert spec and spec.loader
     dist = importlib.util.module_from_spec(spec)
@@ -264,7 +264,7 @@ def test_gpu_request_and_memory_follow_partition_and_answers(
 def test_requeue_exit_code_matches_the_trainer(baked) -> None:
     project, _ = baked
     common = (project / "slurm" / "common.sh").read_text()
-    preemption = (project / "src" / project.name / "preemption.py").read_text()
+    preemption = (project / "src" / project.name / "engine/preemption.py").read_text()
     script_code = re.search(r"^readonly EXIT_REQUEUE=(\d+)$", common, re.MULTILINE)
     trainer_code = re.search(r"^EXIT_REQUEUE = (\d+)$", preemption, re.MULTILINE)
     assert script_code and trainer_code
@@ -274,7 +274,7 @@ def test_requeue_exit_code_matches_the_trainer(baked) -> None:
 def test_transient_exit_code_matches_the_trainer(default_bake) -> None:
     project = default_bake.project
     common = (project / "slurm" / "common.sh").read_text()
-    diagnostics = (project / "src" / project.name / "diagnostics.py").read_text()
+    diagnostics = (project / "src" / project.name / "observe/diagnostics.py").read_text()
     script_codes = re.search(r'^readonly TRANSIENT_EXITS=" ([\d ]+) "$', common, re.MULTILINE)
     trainer_code = re.search(r"^EXIT_TRANSIENT = (\d+)$", diagnostics, re.MULTILINE)
     assert script_codes and trainer_code

@@ -42,7 +42,7 @@ PACKAGE_DIR = f"{TEMPLATE_DIR}/src/{TEMPLATE_DIR}"
 # A task module: src/<slug>/tasks/ is the project's; this one stands in for the user's.
 TASK = f"{PACKAGE_DIR}/tasks/fake_task.py"
 # Files each release changes (template paths), and what the user edits in the project.
-TEMPLATE_OWNED = ["slurm/train.sbatch", f"src/{TEMPLATE_DIR}/checkpoint.py"]
+TEMPLATE_OWNED = ["slurm/train.sbatch", f"src/{TEMPLATE_DIR}/engine/checkpoint.py"]
 PROJECT_OWNED = [
     "README.md",
     "configs/train.toml",
@@ -57,7 +57,7 @@ ENGINES = ("copier", "cruft")
 
 
 def _load_status_module() -> ModuleType:
-    path = ROOT / PACKAGE_DIR / "template_status.py"
+    path = ROOT / TEMPLATE_DIR / "tools" / "template_status.py"
     spec = importlib.util.spec_from_file_location("template_status", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -239,7 +239,7 @@ def _make_project(engine: str, releases: Releases, start: int, out: Path) -> Pro
     head = git(project, "rev-parse", "HEAD").strip()
     before = _template_status(project)
     changed = git(project, "status", "--porcelain")
-    script = [sys.executable, f"src/{SLUG}/template_status.py", "--json"]
+    script = [sys.executable, "tools/template_status.py", "--json"]
     json_before = _run(script, project)
     behind = out / "behind"
     git(out, "clone", "-q", str(project), str(behind))
@@ -452,7 +452,7 @@ def test_fleet_table(
 def test_fleet_names_a_repository_it_cannot_read(
     projects: dict[tuple[str, int], Project], tmp_path: Path
 ) -> None:
-    script = ROOT / PACKAGE_DIR / "template_status.py"
+    script = ROOT / TEMPLATE_DIR / "tools" / "template_status.py"
     repos = [str(projects["copier", 1].path), str(tmp_path / "nosuch")]
     done = _run([sys.executable, str(script), *repos], tmp_path)
     assert done.returncode == status.FAILED, done.stderr
@@ -468,7 +468,7 @@ def test_status_names_conflict_markers_left_by_an_update(
     job = project / SCRIPT
     text = job.read_text("utf-8")
     job.write_text(f"<<<<<<< before updating\n{text}=======\n{text}>>>>>>> after updating\n")
-    script = [sys.executable, f"src/{SLUG}/template_status.py"]
+    script = [sys.executable, "tools/template_status.py"]
     done = _run(script, project)
     assert done.returncode == status.UNRESOLVED == 4, done.stderr
     assert (
@@ -497,7 +497,7 @@ def test_status_without_release_tags_agrees_with_the_record(
     git(tmp_path, "clone", "-q", "--no-tags", str(releases.template), str(tagless))
     script = [
         sys.executable,
-        f"src/{SLUG}/template_status.py",
+        "tools/template_status.py",
         "--json",
         "--template",
         str(tagless),
@@ -577,7 +577,7 @@ def test_copier_cruft_and_status_agree_on_what_is_owned(default_bake: Bake, tmp_
     for rel in ["README.md", "configs/train.toml", f"src/{slug}/models.py", "data/README.md"]:
         assert rel in by_status, rel
     assert f"src/{slug}/tasks/deep/fake_task.py" in by_status
-    for rel in ["slurm/README.md", "slurm/train.sbatch", f"src/{slug}/trainer.py", "Makefile"]:
+    for rel in ["slurm/README.md", "slurm/train.sbatch", f"src/{slug}/engine/trainer.py", "Makefile"]:
         assert rel not in by_status, rel
 
 
@@ -591,7 +591,7 @@ def test_changelog_between_leaves_out_unreleased_work() -> None:
 def test_status_maps_template_names_to_this_project() -> None:
     answers = {"project_slug": "heat_sim", "ci": "github", "license": "MIT"}
     path = status.project_path
-    assert path(f"{PACKAGE_DIR}/trainer.py", answers) == "src/heat_sim/trainer.py"
+    assert path(f"{PACKAGE_DIR}/engine/trainer.py", answers) == "src/heat_sim/engine/trainer.py"
     ci = ".github/workflows/{% if cookiecutter.ci == 'github' %}ci.yml{% endif %}"
     assert path(f"{TEMPLATE_DIR}/{ci}", answers) == ".github/workflows/ci.yml"
     gitlab = "{% if cookiecutter.ci == 'gitlab' %}.gitlab-ci.yml{% endif %}"

@@ -37,7 +37,11 @@ import torch  # noqa: E402
 
 from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-checkpoint, checkpoint_io, distributed = pkg("checkpoint"), pkg("checkpoint_io"), pkg("distributed")
+checkpoint, checkpoint_io, distributed = (
+    pkg("engine.checkpoint"),
+    pkg("engine.checkpoint_io"),
+    pkg("engine.distributed"),
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,10 +75,10 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
         f"train.device={device.type}",
         f"dist.strategy={name}",
     ]
-    cfg = pkg("config").load_config(None, overrides)
+    cfg = pkg("task").load_config(None, overrides)
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
     denv = distributed.DistEnv()
-    strategy = pkg("strategy").create(cfg, denv, device)
+    strategy = pkg("engine.strategy").create(cfg, denv, device)
     net, model = strategy.setup(task)
     optimizer = torch.optim.AdamW(net.parameters())
     x = torch.randn(64, 16, device=device)

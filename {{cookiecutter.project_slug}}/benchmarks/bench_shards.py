@@ -32,7 +32,7 @@ from PIL import Image  # noqa: E402
 
 from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-shards = pkg("shards")
+shards = pkg("data.shards")
 
 
 def parse_args() -> argparse.Namespace:

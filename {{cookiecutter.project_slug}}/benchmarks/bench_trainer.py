@@ -76,7 +76,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-config, models, trainer = pkg("config"), pkg("models"), pkg("trainer")
+config, models, trainer = pkg("config"), pkg("models"), pkg("engine.trainer")
 Datasets, Classification = pkg("task").Datasets, pkg("task_kinds").Classification
 settings = pkg("settings")
 LR = 1e-3
@@ -132,7 +132,7 @@ def model_cfg(name: str) -> list[str]:
 def raw_loop(work: Workload, device: torch.device) -> float:
     """The hand-written reference; returns samples/s."""
     torch.manual_seed(0)
-    cfg = config.load_config(None, model_cfg(work.model))
+    cfg = pkg("task").load_config(None, model_cfg(work.model))
     model = models.build_model(cfg.model, work.shape, 10).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     loader = DataLoader(
@@ -163,7 +163,7 @@ def raw_loop(work: Workload, device: torch.device) -> float:
 def with_trainer(work: Workload, device: torch.device, *, in_memory: bool) -> float:
     """The package's trainer on the same work; returns its training samples/s."""
     epochs = -(-work.steps // (len(work.train) // work.batch))
-    cfg = config.load_config(
+    cfg = pkg("task").load_config(
         None,
         [
             *model_cfg(work.model),
@@ -201,7 +201,7 @@ def with_lightning(work: Workload, device: torch.device) -> float:
     class Module(lightning.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            cfg = config.load_config(None, model_cfg(work.model))
+            cfg = pkg("task").load_config(None, model_cfg(work.model))
             self.model = models.build_model(cfg.model, work.shape, 10)
 
         def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
-rawdata = import_module(f"{PACKAGE}.rawdata")
+rawdata = import_module(f"{PACKAGE}.data.rawdata")
 MIB = 1 << 20
 
 

@@ -80,9 +80,9 @@ def blobs(*overrides: str, **options: object):
 
     Its data is made in memory, so it trains without `prepare` or any data/raw files.
     """
-    config, settings = pkg("config"), pkg("settings")
+    settings = pkg("settings")
     task_keys = [f"task.{key}={value}" for key, value in options.items()]
-    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *task_keys, *overrides])
+    cfg = pkg("task").load_config(None, ["task.name=toy_tasks.blobs", *task_keys, *overrides])
     return pkg("task").load_task(cfg, settings.get_settings())
 
 
@@ -100,7 +100,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model weights of a run's newest checkpoint."""
-    state = pkg("checkpoint").load_latest(run_dir / "checkpoints")
+    state = pkg("engine.checkpoint").load_latest(run_dir / "checkpoints")
     assert state is not None, f"no checkpoint in {run_dir}"
     return state["model"]
 
@@ -126,6 +126,6 @@ def digits_project(project: Path) -> Path:
     raw = project / "data" / "raw"
     raw.mkdir(parents=True)
     (raw / DIGITS.name).write_bytes(DIGITS.read_bytes())
-    cfg = pkg("config").load_config(None, ["data.verify_raw=false", "task.name=digits"])
-    pkg("data").prepare(pkg("task").load_task(cfg, pkg("settings").get_settings()))
+    cfg = pkg("task").load_config(None, ["data.verify_raw=false", "task.name=digits"])
+    pkg("data.processed").prepare(pkg("task").load_task(cfg, pkg("settings").get_settings()))
     return project

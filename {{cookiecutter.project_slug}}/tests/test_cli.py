@@ -55,8 +55,8 @@ def test_doctor_flags_a_gpu_job_without_a_visible_gpu(
         pytest.skip("a GPU is visible here")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
-    cfg = pkg("config").load_config(None, ["data.num_workers=100000"])
-    warnings = pkg("doctor").run_doctor(cfg, pkg("settings").get_settings(), quick=True)
+    cfg = pkg("task").load_config(None, ["data.num_workers=100000"])
+    warnings = pkg("ops.doctor").run_doctor(cfg, pkg("settings").get_settings(), quick=True)
     assert any("torch sees none" in w for w in warnings)
     assert any("exceeds" in w for w in warnings)
 

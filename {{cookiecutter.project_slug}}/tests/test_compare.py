@@ -11,8 +11,13 @@ import torch
 
 from conftest import PACKAGE, blobs, cli_env, pkg
 
-trainer, compare, runtime, cli = pkg("trainer"), pkg("compare"), pkg("runtime"), pkg("cli")
-distributed = pkg("distributed")
+trainer, compare, runtime, cli = (
+    pkg("engine.trainer"),
+    pkg("experiments.compare"),
+    pkg("engine.runtime"),
+    pkg("cli"),
+)
+distributed = pkg("engine.distributed")
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
 BEST = ["run.best_metric=accuracy", "run.best_mode=max", "run.val_every_steps=5"]
@@ -181,7 +186,7 @@ def gpu_summary(runs_dir: Path, name: str, **values: float) -> None:
 
 
 def test_packing_advice_follows_utilisation_memory_and_measured_gain(tmp_path: Path) -> None:
-    packing = pkg("packing")
+    packing = pkg("ops.packing")
     assert packing.pack_size(20.0, 2.0, 80.0) == 5  # time: 100 / 20
     assert packing.pack_size(5.0, 30.0, 80.0) == 1  # memory: 30 GiB twice exceeds 80 % of 80 GB
     assert packing.pack_size(1.0, 0.1, 80.0) == packing.MOST
@@ -200,10 +205,10 @@ def test_packing_advice_follows_utilisation_memory_and_measured_gain(tmp_path: P
 def test_doctor_says_when_packing_pays(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here: doctor reads its memory, not the preset's")
-    cfg = pkg("config").load_config(None, [])
+    cfg = pkg("task").load_config(None, [])
     settings = pkg("settings").get_settings()
-    pkg("doctor").run_doctor(cfg, settings, quick=True)
+    pkg("ops.doctor").run_doctor(cfg, settings, quick=True)
     assert "packing  no run has trained on a GPU yet" in capsys.readouterr().out
     gpu_summary(settings.runs_dir, "trial", gpu_util_mean_pct=30.0)
-    pkg("doctor").run_doctor(cfg, settings, quick=True)
+    pkg("ops.doctor").run_doctor(cfg, settings, quick=True)
     assert "packing  run trial kept the GPU 30 % busy" in capsys.readouterr().out

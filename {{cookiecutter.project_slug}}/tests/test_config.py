@@ -14,14 +14,14 @@ TRAIN_TOML = ROOT / "configs" / "train.toml"
 
 
 def test_shipped_config_loads_and_sets_every_section() -> None:
-    cfg = config.load_config(TRAIN_TOML)
+    cfg = pkg("task").load_config(TRAIN_TOML)
     assert cfg.run.tracking in config.CHOICES["run.tracking"]
     assert cfg.task.name in pkg("task").available()
     assert cfg.train.epochs > 0
 
 
 def test_overrides_are_typed() -> None:
-    cfg = config.load_config(
+    cfg = pkg("task").load_config(
         TRAIN_TOML,
         [
             "train.epochs=3",
@@ -54,7 +54,7 @@ def test_overrides_are_typed() -> None:
 )
 def test_bad_overrides_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        config.load_config(None, [override])
+        pkg("task").load_config(None, [override])
     assert "\n" not in str(err.value)
 
 
@@ -62,21 +62,21 @@ def test_toml_types_are_checked(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[train]\nepochs = "ten"\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"train\.epochs: expected int, got str"):
-        config.load_config(path)
+        pkg("task").load_config(path)
     path.write_text("[train]\nlr = 1\n", encoding="utf-8")  # an int where a float is expected
-    assert config.load_config(path).train.lr == 1.0
+    assert pkg("task").load_config(path).train.lr == 1.0
     path.write_text("[train\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"invalid TOML"):
-        config.load_config(path)
+        pkg("task").load_config(path)
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
-    cfg = config.load_config(TRAIN_TOML, ['run.name=quote"and\\back', "train.lr=1e-05"])
+    cfg = pkg("task").load_config(TRAIN_TOML, ['run.name=quote"and\\back', "train.lr=1e-05"])
     path = tmp_path / "resolved.toml"
     path.write_text(config.to_toml(cfg), encoding="utf-8")
-    again = config.load_config(path)
+    again = pkg("task").load_config(path)
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
-    assert config.from_dict(config.to_dict(cfg)) == cfg
+    assert pkg("task").config_from_dict(config.to_dict(cfg)) == cfg
 
 
 def test_cli_reports_a_bad_key_in_one_line_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,4 +96,4 @@ def test_the_old_dataset_key_says_what_replaced_it(tmp_path) -> None:
     old = tmp_path / "train.toml"
     old.write_text('[data]\ndataset = "digits"\n')
     with pytest.raises(ConfigError, match=r"data.dataset = 'digits': replaced by the task seam"):
-        config.load_config(old)
+        pkg("task").load_config(old)

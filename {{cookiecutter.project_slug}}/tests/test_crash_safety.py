@@ -8,9 +8,9 @@ from pathlib import Path
 
 from conftest import blobs, pkg
 
-checkpoint = pkg("checkpoint")
+checkpoint = pkg("engine.checkpoint")
 config = pkg("config")
-trainer = pkg("trainer")
+trainer = pkg("engine.trainer")
 
 
 def newest_step(directory: Path) -> int:
@@ -24,7 +24,7 @@ def _train_forever(cfg) -> None:
 
 def test_kill_9_never_leaves_an_unloadable_latest_checkpoint(project: Path) -> None:
     # A wide model and a checkpoint every step: most of the time goes into writing files.
-    cfg = config.load_config(
+    cfg = pkg("task").load_config(
         None,
         [
             "run.name=crash",

@@ -13,13 +13,13 @@ import torch
 from conftest import DIGITS, PACKAGE, cli_env, pkg
 
 config = pkg("config")
-data = pkg("data")
+data = pkg("data.processed")
 
 
 def test_prepare_splits_the_digits_reproducibly(digits_project: Path) -> None:
     raw = digits_project / "data" / "raw" / DIGITS.name
     before = raw.stat().st_mtime_ns
-    cfg = config.load_config(None, ["data.verify_raw=false", "task.name=digits"])
+    cfg = pkg("task").load_config(None, ["data.verify_raw=false", "task.name=digits"])
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
     first = task.datasets(task.processed_dir)
     sizes = [len(first.get(split)) for split in ("train", "val", "test")]
@@ -63,7 +63,7 @@ def test_staging_copies_once_and_refuses_changed_files(
 ) -> None:
     source = tmp_path / "processed" / "set"
     data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
-    cfg = config.load_config(None, [])
+    cfg = pkg("task").load_config(None, [])
     monkeypatch.delenv(cfg.data.node_tmp_var, raising=False)
     assert data.stage(source, cfg, local_rank=0) == source  # not in a job: read in place
     node = tmp_path / "node"
@@ -84,7 +84,7 @@ def test_staging_copies_once_and_refuses_changed_files(
     (staged / "x.bin").write_bytes(b"z" * 1000)
     with pytest.raises(pkg("errors").DataError, match="changed after prepare"):
         data.stage(source, cfg, local_rank=0)
-    off = config.load_config(None, ["data.stage_to_node_tmp=false"])
+    off = pkg("task").load_config(None, ["data.stage_to_node_tmp=false"])
     with pytest.raises(pkg("errors").DataError, match="changed after prepare"):
         data.stage(source, off, local_rank=0)  # read in place: checked all the same
     data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
@@ -96,7 +96,7 @@ def test_staging_trusts_its_own_verified_copy_within_a_job(
 ) -> None:
     source = tmp_path / "processed" / "set"
     data.prepare(Writes(source, {f"{i}.bin": bytes([i]) * 1000 for i in range(20)}))
-    cfg = config.load_config(None, [])
+    cfg = pkg("task").load_config(None, [])
     node = tmp_path / "node"
     node.mkdir()
     monkeypatch.setenv(cfg.data.node_tmp_var, str(node))
@@ -124,7 +124,7 @@ def test_staging_fails_with_one_line_when_the_node_disk_is_full(
 ) -> None:
     source = tmp_path / "processed" / "set"
     data.prepare(Writes(source, {"x.bin": b"x" * 1000}))
-    cfg = config.load_config(None, [])
+    cfg = pkg("task").load_config(None, [])
     node = tmp_path / "node"
     node.mkdir()
     monkeypatch.setenv(cfg.data.node_tmp_var, str(node))

@@ -13,8 +13,8 @@ import torch
 
 from conftest import PACKAGE, cli_env, pkg
 
-checkpoint = pkg("checkpoint")
-distributed = pkg("distributed")
+checkpoint = pkg("engine.checkpoint")
+distributed = pkg("engine.distributed")
 ARGS = [
     "train",
     "task.name=toy_tasks.blobs",
@@ -94,7 +94,7 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
     # Resume in one process with the same global batch (1 x 32): each step then sees the same
     # samples as the two ranks together, so it continues the same trajectory; compare with a
     # single-process run from the start.
-    load, train = pkg("config").load_config, pkg("trainer").train
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
     assert train(load(None, [*ARGS[1:], "train.batch_size=32"])).exit_code == 0
     assert f"resumed from step {stopped_at['step']}" in capsys.readouterr().out
     train(load(None, [*ARGS[1:], "train.batch_size=32", "run.name=single"]))

@@ -12,7 +12,7 @@ TOY = ["task.name=toy_tasks.blobs", "data.verify_raw=false", "run.figures=false"
 
 
 def test_defaults_fill_only_what_the_environment_leaves_unset(tmp_path: Path) -> None:
-    diagnostics = pkg("diagnostics")
+    diagnostics = pkg("observe.diagnostics")
     renamed = diagnostics._torch_release() >= (2, 11)  # the flight recorder's newer names
     buffer = "TORCH_FR_BUFFER_SIZE" if renamed else "TORCH_NCCL_TRACE_BUFFER_SIZE"
     prefix = "TORCH_FR_DUMP_TEMP_FILE" if renamed else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
@@ -46,12 +46,12 @@ def test_distributed_failure_exits_with_the_code_the_job_retries(
     def broken(*_args: object, **_kwargs: object) -> None:
         raise torch.distributed.DistNetworkError("Connection reset by peer\nmore detail")
 
-    monkeypatch.setattr(pkg("trainer"), "train", broken)
+    monkeypatch.setattr(pkg("engine.trainer"), "train", broken)
     code = pkg("cli").main(["train", *TOY, "run.name=flaky"])
-    assert code == pkg("diagnostics").EXIT_TRANSIENT == 75
+    assert code == pkg("observe.diagnostics").EXIT_TRANSIENT == 75
     (line,) = capsys.readouterr().err.splitlines()
     assert line == "error: Connection reset by peer (transient: exit 75)"
-    assert not pkg("diagnostics").is_transient(ValueError("NCCL"))  # only runtime failures
+    assert not pkg("observe.diagnostics").is_transient(ValueError("NCCL"))  # only runtime failures
 
 
 def test_cuda_out_of_memory_leaves_a_snapshot(
@@ -60,7 +60,7 @@ def test_cuda_out_of_memory_leaves_a_snapshot(
     # The dump itself needs CUDA (tests/test_gpu.py runs it there); here its call is recorded.
     dumped: list[str] = []
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", dumped.append)
-    snapshot = pkg("diagnostics").snapshot_on_oom(tmp_path / "run", debug=False)
+    snapshot = pkg("observe.diagnostics").snapshot_on_oom(tmp_path / "run", debug=False)
     with pytest.raises(torch.OutOfMemoryError), snapshot:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert dumped == [str(tmp_path / "run" / "memory-snapshot-rank0.pickle")]
@@ -107,8 +107,8 @@ def test_full_disk_while_saving_is_one_line_naming_the_run(
         with open("/dev/full", "wb") as f:  # noqa: PTH123 - as checkpoint.save_atomic writes
             torch.save(state, f)
 
-    monkeypatch.setattr(pkg("trainer"), "train", save_to_full_disk)
-    diagnostics = pkg("diagnostics")
+    monkeypatch.setattr(pkg("engine.trainer"), "train", save_to_full_disk)
+    diagnostics = pkg("observe.diagnostics")
     usage = diagnostics.shutil.disk_usage(project)
     monkeypatch.setattr(diagnostics.shutil, "disk_usage", lambda _p: usage._replace(free=0))
     assert pkg("cli").main(["train", *TOY, "run.name=full"]) == 1

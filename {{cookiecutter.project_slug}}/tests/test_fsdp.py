@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from conftest import pkg
 from test_ddp import free_job_id, srun_like, train_losses
 
-checkpoint = pkg("checkpoint")
+checkpoint = pkg("engine.checkpoint")
 TOWER = [
     "task.name=toy_tasks.tower",
     "model.depth=3",
@@ -93,7 +93,7 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     assert f"{shard}: checksum mismatch" in capsys.readouterr().err
 
     # The two-process checkpoint resumes in one process: resharded, and said so.
-    load, train = pkg("config").load_config, pkg("trainer").train
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
     cfg = load(
         None,
         [
@@ -168,7 +168,7 @@ def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
 def test_damaged_foreign_and_unreadable_checkpoints(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    load, train = pkg("config").load_config, pkg("trainer").train
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
     errors = pkg("errors")
     args = [
         "task.name=toy_tasks.blobs",
@@ -210,7 +210,7 @@ def test_damaged_foreign_and_unreadable_checkpoints(
 
 
 def test_a_frozen_base_is_left_out_of_checkpoints_and_checked_by_digest(project: Path) -> None:
-    load, train = pkg("config").load_config, pkg("trainer").train
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
     args = [
         "task.name=toy_tasks.tower",
         "task.adapter_rank=2",
@@ -258,13 +258,13 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
     """One rank: build the tower with `strategy`, take a step; write its local state bytes,
     the memory its build and sharding added at their peak and the devices it was built on."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    distributed, config = pkg("distributed"), pkg("config")
+    distributed = pkg("engine.distributed")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
 
     def build(width: int, depth: int) -> tuple[torch.nn.Module, torch.nn.Module, set[str]]:
         """`setup` of a `width` x `depth` tower; the devices `build_model` put it on."""
-        cfg = config.load_config(
+        cfg = pkg("task").load_config(
             None,
             [
                 "task.name=toy_tasks.tower",
@@ -282,7 +282,7 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
             return model
 
         task.build_model = watched
-        net, model = pkg("strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+        net, model = pkg("engine.strategy").create(cfg, denv, torch.device("cpu")).setup(task)
         return net, model, devices
 
     # A tiny tower first pays the one-off costs of a first build (lazy imports, buffers of
@@ -314,7 +314,7 @@ def test_fsdp_holds_half_the_state_per_rank_and_only_rank_0_builds_the_whole_mod
     # An 8.4M-parameter tower of 32 blocks (34 MB of weights, 100 MB with Adam moments per
     # ddp rank, 1 MB its largest tensor): enough to see the ratios, small enough for CI.
     for strategy in ("ddp", "fsdp"):
-        port = pkg("distributed").rendezvous_port(free_job_id(), 0)
+        port = pkg("engine.distributed").rendezvous_port(free_job_id(), 0)
         mp.spawn(_state_bytes, args=(strategy, port, tmp_path), nprocs=2)
     ddp, fsdp = (
         [json.loads((tmp_path / f"{s}-{r}.json").read_text()) for r in range(2)]
@@ -373,12 +373,12 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
     """One of two ranks: a tied model built on the meta device, accumulation under ddp and
     fsdp, `model.init_from` into the sharded model; each rank saves what it found."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    distributed, config, strategy = pkg("distributed"), pkg("config"), pkg("strategy")
+    distributed, strategy = pkg("engine.distributed"), pkg("engine.strategy")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
     cpu, found = torch.device("cpu"), {}
 
-    fsdp = config.load_config(None, ["dist.strategy=fsdp"])
+    fsdp = pkg("task").load_config(None, ["dist.strategy=fsdp"])
     torch.manual_seed(0)
     net, model = strategy.create(fsdp, denv, cpu).setup(TiedTask())
     torch.manual_seed(0)
@@ -392,7 +392,7 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
 
     # Two micro-batches per step, as the trainer runs them: the first without gradient sync.
     for name in ("ddp", "fsdp"):
-        cfg = config.load_config(
+        cfg = pkg("task").load_config(
             None,
             [*SMALL_TOWER, f"dist.strategy={name}"],
         )
@@ -409,8 +409,8 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
         found[f"{name}-grads"] = {n: _whole(p.grad) for n, p in net.named_parameters()}
 
     # model.init_from into the sharded tower, as the trainer loads it: each rank its slices.
-    weights = pkg("pretrained").read_weights(out / "tower.safetensors")
-    pkg("checkpoint").load_model(task.pretrained_target(net), weights, "model.init_from")
+    weights = pkg("data.pretrained").read_weights(out / "tower.safetensors")
+    pkg("engine.checkpoint").load_model(task.pretrained_target(net), weights, "model.init_from")
     found["init"] = {k: _whole(v) for k, v in net.state_dict().items()}
     torch.save(found, out / f"found-{rank}.pt")
     distributed.shutdown()
@@ -418,12 +418,12 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
 
 @pytest.mark.slow
 def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> None:
-    cfg = pkg("config").load_config(None, [*SMALL_TOWER, "dist.strategy=fsdp"])
+    cfg = pkg("task").load_config(None, [*SMALL_TOWER, "dist.strategy=fsdp"])
     torch.manual_seed(7)  # other weights than the runs' seed 0 builds
     tower = pkg("task").load_task(cfg, pkg("settings").get_settings()).build_model()
     pretrained = tower.state_dict()
     save_file(pretrained, tmp_path / "tower.safetensors")
-    port = pkg("distributed").rendezvous_port(free_job_id(), 0)
+    port = pkg("engine.distributed").rendezvous_port(free_job_id(), 0)
     mp.spawn(_sharded_checks, args=(port, tmp_path), nprocs=2)
     for rank in range(2):
         found = torch.load(tmp_path / f"found-{rank}.pt", weights_only=True)
@@ -444,7 +444,7 @@ def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> Non
 
 
 def test_strategy_settings(project: Path) -> None:
-    load, train = pkg("config").load_config, pkg("trainer").train
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
     config_error = pkg("errors").ConfigError
     with pytest.raises(config_error, match=r"dist.strategy: must be one of \['ddp', 'fsdp'\]"):
         load(None, ["dist.strategy=zero"])
@@ -461,7 +461,9 @@ def test_strategy_settings(project: Path) -> None:
     for mode in ("none", "blocks"):
         cfg = load(None, ["task.name=toy_tasks.tower", f"train.activation_checkpointing={mode}"])
         task = pkg("task").load_task(cfg, pkg("settings").get_settings())
-        plan = pkg("strategy").create(cfg, pkg("distributed").DistEnv(), torch.device("cpu"))
+        plan = pkg("engine.strategy").create(
+            cfg, pkg("engine.distributed").DistEnv(), torch.device("cpu")
+        )
         torch.manual_seed(0)
         net, model = plan.setup(task)
         runs: list[int] = []
@@ -474,7 +476,7 @@ def test_strategy_settings(project: Path) -> None:
 
 
 def test_a_model_that_placed_itself_is_not_moved() -> None:
-    place = pkg("strategy").place
+    place = pkg("engine.strategy").place
     built_on_cpu = torch.nn.Linear(2, 2)
     assert place(built_on_cpu, torch.device("meta")).weight.device.type == "meta"
     # A part already elsewhere (e.g. a quantised base its library put on the GPU): left alone.

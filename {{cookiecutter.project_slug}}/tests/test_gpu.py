@@ -31,11 +31,11 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 
 def train(*overrides: str, **options: object):
     task = blobs(*GPU, *overrides, **options)
-    return pkg("trainer").train(task.cfg, task)
+    return pkg("engine.trainer").train(task.cfg, task)
 
 
 def weights(project: Path, name: str) -> dict[str, torch.Tensor]:
-    return pkg("checkpoint").load_latest(project / "runs" / name / "checkpoints")["model"]
+    return pkg("engine.checkpoint").load_latest(project / "runs" / name / "checkpoints")["model"]
 
 
 def test_auto_precision_is_bf16_exactly_on_native_hardware(project: Path) -> None:
@@ -44,19 +44,19 @@ def test_auto_precision_is_bf16_exactly_on_native_hardware(project: Path) -> Non
     assert result.summary["peak_gpu_mem_gib"] > 0
     native = torch.cuda.get_device_capability() >= (8, 0)
     expected = torch.bfloat16 if native else None
-    assert pkg("runtime").autocast_dtype("auto", torch.device("cuda")) == expected
+    assert pkg("engine.runtime").autocast_dtype("auto", torch.device("cuda")) == expected
 
 
 def test_fp16_with_loss_scaling(project: Path) -> None:
     result = train("run.name=fp16", "train.precision=fp16", "train.epochs=5")
     assert result.summary["val_accuracy"] > 0.9
-    state = pkg("checkpoint").load_latest(project / "runs" / "fp16" / "checkpoints")
+    state = pkg("engine.checkpoint").load_latest(project / "runs" / "fp16" / "checkpoints")
     assert state["scaler"]["scale"] > 0
 
 
 @pytest.mark.usefixtures("digits_project")
 def test_deterministic_channels_last_cnn() -> None:
-    cfg = pkg("config").load_config(
+    cfg = pkg("task").load_config(
         None,
         [
             *GPU,
@@ -64,14 +64,14 @@ def test_deterministic_channels_last_cnn() -> None:
             *("run.deterministic=true", "train.epochs=2", "train.precision=bf16"),
         ],
     )
-    assert pkg("trainer").train(cfg).summary["status"] == "finished"
+    assert pkg("engine.trainer").train(cfg).summary["status"] == "finished"
 
 
 def test_resume_restores_this_gpus_random_state(project: Path) -> None:
     common = ["train.epochs=2", "run.deterministic=true", "train.precision=fp32"]
     train(*common, "run.name=a")
     train(*common, "run.name=b", "run.max_steps_this_segment=5")
-    state = pkg("checkpoint").load_latest(project / "runs" / "b" / "checkpoints")
+    state = pkg("engine.checkpoint").load_latest(project / "runs" / "b" / "checkpoints")
     # One generator state per process, not one per visible GPU: a start that sees fewer
     # GPUs (one per task) restores it.
     assert all(r["cuda"].dim() == 1 for r in state["rng"])
@@ -158,7 +158,7 @@ def test_srun_launcher_path_with_nccl(project: Path) -> None:
 
 def _signal_on_call(monkeypatch: pytest.MonkeyPatch, method: str, call: int) -> None:
     """Send this process SIGUSR1 as Trainer.<method> is called for the `call`-th time (once)."""
-    trainer_class = pkg("trainer").Trainer
+    trainer_class = pkg("engine.trainer").Trainer
     original, calls = getattr(trainer_class, method), [0]
 
     def signalled(self: object, *args: object, **kwargs: object) -> object:
@@ -196,7 +196,7 @@ def test_background_checkpoints_from_pinned_buffers_equal_blocking_ones(project:
     common += ["run.checkpoint_every_steps=3", "run.keep_checkpoints=10"]
     train(*common, "run.name=background", "run.async_checkpoint=true")
     train(*common, "run.name=blocking")
-    ckpt = pkg("checkpoint")
+    ckpt = pkg("engine.checkpoint")
     found = {
         name: dict(ckpt.list_checkpoints(project / "runs" / name / "checkpoints"))
         for name in ("background", "blocking")
@@ -229,7 +229,7 @@ def test_resumed_segment_needs_no_more_gpu_memory(project: Path) -> None:
 
 
 def test_in_memory_auto_leaves_half_the_free_gpu_memory() -> None:
-    fits, device = pkg("runtime").fits_in_memory, torch.device("cuda")
+    fits, device = pkg("engine.runtime").fits_in_memory, torch.device("cuda")
     free, _ = torch.cuda.mem_get_info(device)
     assert fits(1 << 20, 1e6, device)
     assert not fits(int(0.75 * free), 1e6, device)
@@ -247,7 +247,7 @@ def test_profiler_trace_shows_gpu_kernels(project: Path) -> None:
 
 
 def test_out_of_memory_leaves_a_snapshot(tmp_path: Path) -> None:
-    snapshot = pkg("diagnostics").snapshot_on_oom(tmp_path, debug=True)
+    snapshot = pkg("observe.diagnostics").snapshot_on_oom(tmp_path, debug=True)
     with pytest.raises(torch.OutOfMemoryError), snapshot:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a petabyte
     assert (tmp_path / "memory-snapshot-rank0.pickle").stat().st_size > 0

@@ -13,7 +13,7 @@ import pytest
 from conftest import pkg, run_cli
 
 cli = pkg("cli")
-names = pkg("names")
+names = pkg("engine.names")
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -57,9 +57,9 @@ def test_run_name_from_the_environment_is_checked_too(
 
 def test_the_trainer_checks_the_run_name_too() -> None:
     """Code that calls the trainer without the command line gets the same rule."""
-    cfg = pkg("config").load_config(None, [])
+    cfg = pkg("task").load_config(None, [])
     with pytest.raises(pkg("errors").ConfigError, match="RUN_NAME '/abs'"):
-        pkg("trainer").run_name(cfg, {"RUN_NAME": "/abs"})
+        pkg("engine.trainer").run_name(cfg, {"RUN_NAME": "/abs"})
 
 
 def test_evaluate_refuses_a_run_outside_runs(
@@ -121,7 +121,7 @@ def test_a_path_variable_naming_a_file_gives_one_line(variable: str, project: Pa
 
 def test_a_folder_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
     (tmp_path / "step-000000005.pt").mkdir()
-    assert pkg("checkpoint").list_checkpoints(tmp_path) == []
+    assert pkg("engine.checkpoint").list_checkpoints(tmp_path) == []
 
 
 def raw_project(project: Path) -> Path:
@@ -204,5 +204,5 @@ def test_manifest_paths_written_with_dot_slash_name_the_file(project: Path) -> N
 
 def test_a_raw_file_gone_while_hashing_gives_one_line(tmp_path: Path) -> None:
     """Unreadable raw files (also as root, who reads everything): a RawDataError, no traceback."""
-    with pytest.raises(pkg("manifest").RawDataError, match="cannot be read"):
-        pkg("rawdata").sha256_file(tmp_path / "vanished.csv")
+    with pytest.raises(pkg("data.manifest").RawDataError, match="cannot be read"):
+        pkg("data.rawdata").sha256_file(tmp_path / "vanished.csv")

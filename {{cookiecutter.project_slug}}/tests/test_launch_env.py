@@ -6,9 +6,9 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from conftest import pkg
 
-distributed = pkg("distributed")
-runtime = pkg("runtime")
-batches = pkg("batches")
+distributed = pkg("engine.distributed")
+runtime = pkg("engine.runtime")
+batches = pkg("engine.batches")
 
 
 @pytest.mark.parametrize(

@@ -29,14 +29,14 @@ def test_a_typo_in_a_config_file_names_the_file(tmp_path: Path) -> None:
     train = tmp_path / "train.toml"
     train.write_text('[task]\nname = "mine"\n\n[run]\nkeep_chekpoints = 2\n', encoding="utf-8")
     with pytest.raises(config.ConfigError, match=r"keep_chekpoints") as err:
-        config.load_config(train)
+        pkg("task").load_config(train)
     assert str(err.value).startswith(f"{train}: unknown config key 'run.keep_chekpoints'")
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     train.write_text('[task]\nname = "mine"\n', encoding="utf-8")
     (tasks / "mine.toml").write_text("[train]\nepochs = 'three'\n", encoding="utf-8")
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, task_dir=tasks)
+        pkg("task").load_config(train, task_dir=tasks)
     assert str(err.value).startswith(f"{tasks / 'mine.toml'}: train.epochs: expected int")
 
 
@@ -46,26 +46,26 @@ def test_a_typo_in_a_task_table_names_the_file(tmp_path: Path) -> None:
     tasks.mkdir()
     train.write_text('[task]\nname = "toy_tasks.blobs"\nfeature = 8\n', encoding="utf-8")
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, task_dir=tasks)
+        pkg("task").load_config(train, task_dir=tasks)
     message = str(err.value)
     assert message.startswith(f"{train}: unknown config key 'task.feature'; task 'toy_tasks.blobs'")
     assert "'features'" in message and "\n" not in message
     train.write_text('[task]\nname = "toy_tasks.blobs"\n', encoding="utf-8")
     (tasks / "toy_tasks.blobs.toml").write_text('[task]\nn = "many"\n', encoding="utf-8")
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, task_dir=tasks)
+        pkg("task").load_config(train, task_dir=tasks)
     task_file = tasks / "toy_tasks.blobs.toml"
     assert str(err.value) == f"{task_file}: task.n: expected int, got str 'many'"
     # A later layer that sets the key again takes the blame: here an override, which has no file.
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, ["task.n=many"], task_dir=tasks)
+        pkg("task").load_config(train, ["task.n=many"], task_dir=tasks)
     assert str(err.value) == "task.n: expected int, got 'many'"
     train.write_text('[task]\nname = "digts"\n', encoding="utf-8")
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, task_dir=tasks)
+        pkg("task").load_config(train, task_dir=tasks)
     assert str(err.value).startswith(f"{train}: task.name: no task 'digts'; tasks here: ")
     with pytest.raises(config.ConfigError) as err:
-        config.load_config(train, ["task.name=digts"], task_dir=tasks)
+        pkg("task").load_config(train, ["task.name=digts"], task_dir=tasks)
     assert str(err.value).startswith("task.name: no task 'digts'")
 
 

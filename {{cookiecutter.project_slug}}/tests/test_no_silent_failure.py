@@ -15,9 +15,9 @@ import torch
 
 from conftest import PACKAGE, blobs, cli_env, pkg, run_cli
 
-trainer = pkg("trainer")
-checkpoint = pkg("checkpoint")
-preemption = pkg("preemption")
+trainer = pkg("engine.trainer")
+checkpoint = pkg("engine.checkpoint")
+preemption = pkg("engine.preemption")
 ConfigError = pkg("errors").ConfigError
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
@@ -66,7 +66,7 @@ def test_workers_end_with_the_error_even_while_its_traceback_is_kept(
     # alive through the traceback: the trainer must have ended the workers itself.
     before = set(multiprocessing.active_children())
     args = [*CRASH, f"task.fault={fault}", "data.num_workers=2"]
-    cfg = pkg("config").load_config(None, args)
+    cfg = pkg("task").load_config(None, args)
     with pytest.raises(Exception, match=r"sample|failed") as caught:
         trainer.train(cfg, pkg("task").load_task(cfg, pkg("settings").get_settings()))
     assert caught.tb is not None
@@ -127,7 +127,7 @@ def test_nonfinite_patience_tolerates_single_windows(project: Path) -> None:
 
 def test_a_second_stop_signal_after_the_checkpoint_does_not_kill_the_process() -> None:
     code = (
-        f"import os, signal\nfrom {PACKAGE}.preemption import catch_stop_signals\n"
+        f"import os, signal\nfrom {PACKAGE}.engine.preemption import catch_stop_signals\n"
         "with catch_stop_signals():\n    os.kill(os.getpid(), signal.SIGUSR1)\n"
         "for sig in (signal.SIGUSR1, signal.SIGTERM):\n    os.kill(os.getpid(), sig)\n"
         "print('alive')\n"
@@ -152,7 +152,7 @@ def test_without_a_stop_signal_the_previous_handlers_come_back() -> None:
 def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) -> None:
     run_dir = project / "runs" / "busy"
     code = (
-        f"import sys, time\nfrom pathlib import Path\nfrom {PACKAGE}.checkpoint import "
+        f"import sys, time\nfrom pathlib import Path\nfrom {PACKAGE}.engine.checkpoint import "
         f"lock_run_dir\nwith lock_run_dir(Path({str(run_dir)!r})):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n"
     )
@@ -181,7 +181,7 @@ def test_metrics_history_survives_a_failure_while_resuming(
     run_dir = project / "runs" / "hist"
     run_dir.mkdir(parents=True)
     fields = ("step", "epoch", "phase", "loss")
-    log = pkg("observe").MetricsLog(run_dir, "csv", 0, fields)
+    log = pkg("observe.metrics").MetricsLog(run_dir, "csv", 0, fields)
     for step in (1, 2, 3):
         log.write(step=step, epoch=0, phase="train", loss=1.0)
     log.close()
@@ -191,7 +191,7 @@ def test_metrics_history_survives_a_failure_while_resuming(
 
     monkeypatch.setattr(csv.DictWriter, "writerows", killed)
     with pytest.raises(KeyboardInterrupt):
-        pkg("observe").MetricsLog(run_dir, "csv", 2, fields)
+        pkg("observe.metrics").MetricsLog(run_dir, "csv", 2, fields)
     with (run_dir / "metrics.csv").open() as f:
         assert [r["step"] for r in csv.DictReader(f)] == ["1", "2", "3"]
 
@@ -223,7 +223,7 @@ def test_fsync_refused_on_a_directory_is_tolerated(
 
 
 def test_auto_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime, cuda = pkg("runtime"), torch.device("cuda", 0)
+    runtime, cuda = pkg("engine.runtime"), torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_a, **_k: True)  # emulated
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_a: (7, 0))  # V100
     assert runtime.autocast_dtype("auto", cuda) is None
@@ -232,7 +232,7 @@ def test_auto_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_in_memory_auto_leaves_gpu_memory_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime, cuda = pkg("runtime"), torch.device("cuda", 0)
+    runtime, cuda = pkg("engine.runtime"), torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (3 * 10**9, 80 * 10**9))
     assert runtime.fits_in_memory(10**9, 4.0, cuda)
     assert not runtime.fits_in_memory(2 * 10**9, 4.0, cuda)  # more than half the free memory

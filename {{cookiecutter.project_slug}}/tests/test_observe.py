@@ -7,7 +7,7 @@ import torch
 
 from conftest import pkg
 
-observe = pkg("observe")
+observe = pkg("observe.metrics")
 
 
 def summary(data_s: float, compute_s: float) -> dict[str, float]:
@@ -45,6 +45,6 @@ def test_metrics_resume_drops_later_and_cut_off_rows(tmp_path: Path) -> None:
 def test_more_local_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    denv = pkg("distributed").DistEnv(rank=3, local_rank=3, world_size=4, local_world_size=4)
+    denv = pkg("engine.distributed").DistEnv(rank=3, local_rank=3, world_size=4, local_world_size=4)
     with pytest.raises(pkg("errors").ConfigError, match="one task per GPU"):
-        pkg("runtime").pick_device("cuda", denv)
+        pkg("engine.runtime").pick_device("cuda", denv)

@@ -7,7 +7,7 @@ import torch
 
 from conftest import pkg, run_cli
 
-plan, transformer = pkg("plan"), pkg("transformer")
+plan, transformer = pkg("ops.plan"), pkg("blocks.transformer")
 GB = 1e9
 
 
@@ -113,7 +113,7 @@ def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> 
     out = run_cli("plan", *args, project=project)
     assert out.returncode == 0, out.stderr
     model = pkg("task").load_task(
-        pkg("config").load_config(None, ["task.name=toy_tasks.blobs", "model.hidden=16"]),
+        pkg("task").load_config(None, ["task.name=toy_tasks.blobs", "model.hidden=16"]),
         pkg("settings").get_settings(),
     )
     params = sum(p.numel() for p in model.build_model().parameters())

@@ -9,7 +9,11 @@ from safetensors.torch import load_file, save_file
 
 from conftest import assert_identical, blobs, final_weights, pkg, run_cli
 
-trainer, checkpoint, pretrained = pkg("trainer"), pkg("checkpoint"), pkg("pretrained")
+trainer, checkpoint, pretrained = (
+    pkg("engine.trainer"),
+    pkg("engine.checkpoint"),
+    pkg("data.pretrained"),
+)
 config = pkg("config")
 errors = pkg("errors")
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "model.hidden=16"]
@@ -111,7 +115,7 @@ def test_a_shape_mismatch_names_the_key(project: Path) -> None:
 
 # --- export ------------------------------------------------------------------------------
 def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> None:
-    export = pkg("export")
+    export = pkg("ops.export")
     task = blobs(*FAST, "run.name=done", "train.epochs=2", "run.best_metric=loss")
     trainer.train(task.cfg, task)
     run_dir = project / "runs" / "done"
@@ -123,7 +127,7 @@ def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> 
     assert f"wrote {folder / 'model.safetensors'} (final weights, fp32" in out.stdout
     written = load_file(folder / "model.safetensors")
     assert_identical(written, final)
-    saved = config.load_config(folder / "config.toml")
+    saved = pkg("task").load_config(folder / "config.toml")
     assert config.to_dict(saved) == config.to_dict(task.cfg)
     # The export is a model folder that model.init_from reads.
     assert_identical(pretrained.read_weights(folder), final)

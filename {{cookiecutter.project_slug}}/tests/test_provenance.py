@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import pkg
 
-provenance = pkg("provenance")
+provenance = pkg("observe.provenance")
 
 
 def _git(root: Path, *args: str) -> None:

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
-rawdata = import_module(f"{PACKAGE}.rawdata")
+PACKAGE = next((ROOT / "src").glob("*/data/rawdata.py")).parent.parent.name
+rawdata = import_module(f"{PACKAGE}.data.rawdata")
 RawDataError = rawdata.RawDataError
 
 FILES = {
@@ -310,7 +310,7 @@ def test_missing_manifest_and_missing_folder_are_one_line_errors(
     ids=["header", "fields", "mode", "escape"],
 )
 def test_bad_manifest_is_rejected_with_its_line(text: str, error: str) -> None:
-    manifest = import_module(f"{PACKAGE}.manifest")
+    manifest = import_module(f"{PACKAGE}.data.manifest")
     with pytest.raises(RawDataError, match=error):
         manifest.parse_manifest(text, "m.tsv")
 

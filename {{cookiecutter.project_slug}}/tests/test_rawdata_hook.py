@@ -22,8 +22,8 @@ if shutil.which("git") is None:
     pytest.skip("git is not installed", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
-rawdata = import_module(f"{PACKAGE}.rawdata")
+PACKAGE = next((ROOT / "src").glob("*/data/rawdata.py")).parent.parent.name
+rawdata = import_module(f"{PACKAGE}.data.rawdata")
 
 FILES = {"labels.csv": "id,label\n1,cat\n", "images/0001.txt": "pixels\n"}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
+PACKAGE = next((ROOT / "src").glob("*/data/rawdata.py")).parent.parent.name
 cli = import_module(f"{PACKAGE}.cli")
-rawdata = import_module(f"{PACKAGE}.rawdata")
+rawdata = import_module(f"{PACKAGE}.data.rawdata")
 # Only the small example file is copied, never the project's own (maybe huge) raw data.
 EXAMPLE = ROOT / "data" / "raw" / "digits.csv.gz"
 HAS_EXAMPLE = EXAMPLE.is_file() and (ROOT / "src" / PACKAGE / "tasks" / "digits.py").is_file()

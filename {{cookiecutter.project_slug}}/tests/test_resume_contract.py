@@ -9,8 +9,8 @@ import torch
 
 from conftest import blobs, pkg
 
-trainer = pkg("trainer")
-checkpoint = pkg("checkpoint")
+trainer = pkg("engine.trainer")
+checkpoint = pkg("engine.checkpoint")
 CheckpointError = pkg("errors").CheckpointError
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=1", "data.verify_raw=false"]
@@ -88,7 +88,7 @@ def test_changed_parameter_groups_are_one_line(project: Path) -> None:
 
 
 def test_a_resume_on_changed_processed_data_is_one_line(project: Path) -> None:
-    data = pkg("data")
+    data = pkg("data.processed")
     args = ["run.name=data", "train.batch_size=32", "train.epochs=1"]
     task = blobs(*FAST, *args, "run.max_steps_this_segment=2")
     data.prepare(task)  # nothing prepared, but a SHA256SUMS (of no files) all the same
@@ -116,7 +116,7 @@ def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     state["config"]["train"]["precision"] = "fp16"  # as written by a run on a GPU
     run_id = checkpoint.read_manifest(path)["run_id"]
     checkpoint.save(state, run_dir / "checkpoints", step, keep=1, run_id=run_id)
-    result = pkg("evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
+    result = pkg("engine.evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
     assert result["accuracy"] > 0.5
 
 

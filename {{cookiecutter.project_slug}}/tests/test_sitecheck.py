@@ -57,7 +57,7 @@ PRESET_A = {
 
 
 def test_slurm_times_and_sizes_in_every_format() -> None:
-    site = pkg("sitecheck")
+    site = pkg("ops.sitecheck")
     times = {"5": 300, "30:00": 1800, "2:00:00": 7200, "1-00": 86400, "1-6:30": 109800}
     assert {t: site.slurm_seconds(t) for t in times} == times
     assert site.slurm_seconds("2-00:00:00") == 172800
@@ -68,7 +68,7 @@ def test_slurm_times_and_sizes_in_every_format() -> None:
 
 
 def test_every_difference_is_named_with_the_line_to_change() -> None:
-    site = pkg("sitecheck")
+    site = pkg("ops.sitecheck")
     live = site.parse_sinfo(SINFO)
     site.add_scontrol(live, SCONTROL)
     assert live["gpu-a"].gpus == {"A100": {4, 8}} and live["medium"].cpus == {96}
@@ -118,12 +118,12 @@ def test_the_shipped_preset_agrees_with_a_cluster_as_it_describes(
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     sinfo, scontrol = _recorded_for(PRESET)
-    interactive = pkg("sitecheck")._request_type(PRESET["interactive_gpu_request"])
+    interactive = pkg("ops.sitecheck")._request_type(PRESET["interactive_gpu_request"])
     if interactive:  # the interactive partition offers the slice the scripts ask for
         name = PRESET["interactive_partition"]
         sinfo += f"{name}|{PRESET['partitions'][name]['max_time']}|gpu:{interactive}:8|64|4000000\n"
     answers = {"sinfo": sinfo, "scontrol": scontrol}
-    found = pkg("sitecheck").run_site_check(ROOT, lambda argv: answers[argv[0]])
+    found = pkg("ops.sitecheck").run_site_check(ROOT, lambda argv: answers[argv[0]])
     assert found == []
     assert "site check: 0 difference(s)" in capsys.readouterr().out
 

@@ -15,7 +15,12 @@ import pytest
 
 from conftest import pkg
 
-cli, searchspace, hooks, trainer = pkg("cli"), pkg("searchspace"), pkg("hooks"), pkg("trainer")
+cli, searchspace, hooks, trainer = (
+    pkg("cli"),
+    pkg("experiments.searchspace"),
+    pkg("engine.hooks"),
+    pkg("engine.trainer"),
+)
 ConfigError = pkg("errors").ConfigError
 
 FIXED = """
@@ -178,7 +183,7 @@ class StopAtSecond:
 
 
 def test_a_listener_stops_a_run_cleanly_as_pruned(project: Path) -> None:
-    cfg = pkg("config").load_config(
+    cfg = pkg("task").load_config(
         None,
         [
             "task.name=toy_tasks.blobs",
@@ -197,7 +202,10 @@ def test_a_listener_stops_a_run_cleanly_as_pruned(project: Path) -> None:
     assert [s["status"] for s in listener.summaries] == ["pruned"]
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["status"] == "pruned" and summary["step"] == 6 < summary["total_steps"]
-    assert pkg("checkpoint").load_latest(result.run_dir / "checkpoints")["position"]["step"] == 6
+    assert (
+        pkg("engine.checkpoint").load_latest(result.run_dir / "checkpoints")["position"]["step"]
+        == 6
+    )
 
 
 STUDY = """
@@ -244,14 +252,14 @@ def test_an_optuna_study_prunes_resumes_a_requeued_trial_and_continues(
     assert task("41", 2, segment) == 0
     assert task("41", 2, segment) == 0  # the requeued task: its own trial and run, resumed
     settings = pkg("settings").get_settings()
-    study = pkg("sweep").open_study(searchspace.load_space(copy), settings)
+    study = pkg("experiments.sweep").open_study(searchspace.load_space(copy), settings)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED", "RUNNING"]
     assert study.trials[2].user_attrs["slurm_task"] == "41_2"
     # The sweep is cancelled and submitted again: one trial is left, the running one.
     assert cli.main(["sweep", str(path), *extra]) == 0
     assert sbatch.read_text().splitlines()[-1].split()[1] == "--array=0-0%1"
     assert task("42", 0) == 0
-    trials = pkg("sweep").open_study(searchspace.load_space(copy), settings).trials
+    trials = pkg("experiments.sweep").open_study(searchspace.load_space(copy), settings).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
     assert trials[1].intermediate_values.keys() == {3}  # the first validation (an epoch end)
     # Trial 2 (three segments) reported what the identical trial 0 did: exact resume.
@@ -260,7 +268,9 @@ def test_an_optuna_study_prunes_resumes_a_requeued_trial_and_continues(
     assert trials[2].value == trials[0].value == summary["val_loss"]
     # Every trial finished: a further task has nothing to do, a new submission neither.
     assert task("42", 1) == 0
-    assert len(pkg("sweep").open_study(searchspace.load_space(copy), settings).trials) == 3
+    assert (
+        len(pkg("experiments.sweep").open_study(searchspace.load_space(copy), settings).trials) == 3
+    )
     calls = len(sbatch.read_text().splitlines())
     assert cli.main(["sweep", str(path), *extra]) == 0
     assert len(sbatch.read_text().splitlines()) == calls

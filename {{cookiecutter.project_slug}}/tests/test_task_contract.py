@@ -11,14 +11,14 @@ import torch
 
 from conftest import ROOT, pkg
 
-task_mod, config, batches = pkg("task"), pkg("config"), pkg("batches")
+task_mod, config, batches = pkg("task"), pkg("config"), pkg("engine.batches")
 
 
 def configured(name: str):
     """The task as the command line would load it (configs/train.toml, then its own file)."""
     configs = ROOT / "configs"
     path = configs / "train.toml"
-    cfg = config.load_config(
+    cfg = pkg("task").load_config(
         path if path.is_file() else None, [f"task.name={name}"], task_dir=configs / "tasks"
     )
     task = task_mod.load_task(cfg, pkg("settings").get_settings())

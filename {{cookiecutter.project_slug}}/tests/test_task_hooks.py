@@ -11,16 +11,16 @@ from conftest import assert_identical, blobs, final_weights, pkg
 from toy_tasks.blobs import Blobs
 from toy_tasks.sequences import Sequences
 
-trainer, batches, config = pkg("trainer"), pkg("batches"), pkg("config")
+trainer, batches, config = pkg("engine.trainer"), pkg("engine.batches"), pkg("config")
 DataError = pkg("errors").DataError
-DistEnv = pkg("distributed").DistEnv
+DistEnv = pkg("engine.distributed").DistEnv
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "run.log_every_steps=5"]
 
 
 def task_of(cls: type, *overrides: str) -> Any:
     """An instance of `cls` (a test task class) configured like `toy_tasks.blobs`."""
-    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *FAST, *overrides])
+    cfg = pkg("task").load_config(None, ["task.name=toy_tasks.blobs", *FAST, *overrides])
     return cls(cfg, pkg("settings").get_settings())
 
 
@@ -36,7 +36,7 @@ def stopped_and_resumed(make: Any, *overrides: str) -> tuple[dict, dict]:
 
 
 def sequences(*overrides: str) -> Any:
-    cfg = config.load_config(None, ["task.name=toy_tasks.sequences", *FAST, *overrides])
+    cfg = pkg("task").load_config(None, ["task.name=toy_tasks.sequences", *FAST, *overrides])
     return pkg("task").load_task(cfg, pkg("settings").get_settings())
 
 
@@ -91,7 +91,7 @@ def test_a_tasks_optimizer_and_schedule_are_used_and_resume_exactly(project: Pat
         lambda *a: task_of(SgdStep, *a), "train.epochs=2", "train.batch_size=32"
     )
     assert_identical(cut, straight)
-    state = pkg("checkpoint").load_latest(project / "runs" / "cut" / "checkpoints")
+    state = pkg("engine.checkpoint").load_latest(project / "runs" / "cut" / "checkpoints")
     assert state["optimizer"]["param_groups"][0]["momentum"] == 0.9
     steps = state["position"]["step"]
     assert state["scheduler"]["_last_lr"][0] == pytest.approx(0.05 * 0.5 ** (steps // 10))

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import blobs, pkg
 
-trainer = pkg("trainer")
-checkpoint = pkg("checkpoint")
-tracking = pkg("tracking")
+trainer = pkg("engine.trainer")
+checkpoint = pkg("engine.checkpoint")
+tracking = pkg("observe.tracking")
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=2", "data.verify_raw=false"]
 SECRET = "wandb-key-3f9a1c7e5b2d4068"  # noqa: S105  (a stand-in API key that must never reach a file)

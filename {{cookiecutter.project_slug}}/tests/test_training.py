@@ -15,14 +15,14 @@ from conftest import assert_identical, blobs, final_weights, pkg
 from toy_tasks.blobs import Blobs, NoisyDicts
 
 config = pkg("config")
-trainer = pkg("trainer")
-checkpoint = pkg("checkpoint")
+trainer = pkg("engine.trainer")
+checkpoint = pkg("engine.checkpoint")
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=5", "data.verify_raw=false"]
 
 
 def cfg_with(*overrides: str):
-    return config.load_config(None, [*FAST, *overrides])
+    return pkg("task").load_config(None, [*FAST, *overrides])
 
 
 def train(*overrides: str, **options: object):
@@ -38,7 +38,7 @@ def test_example_beats_chance_and_writes_the_run_files(digits_project: Path) -> 
     assert result.exit_code == 0
     assert result.summary["status"] == "finished"
     assert result.summary["val_accuracy"] > 0.9  # chance is 0.1
-    assert config.load_config(run_dir / "config.toml") == cfg
+    assert pkg("task").load_config(run_dir / "config.toml") == cfg
     assert json.loads((run_dir / "summary.json").read_text())["step"] == 8 * 11
     with (run_dir / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -130,7 +130,7 @@ def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:
     shares = {k: v for k, v in summary.summary.items() if k.endswith("_share")}
     assert set(shares) == {f"{k}_share" for k in ("data", "compute", "checkpoint", "eval", "other")}
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
-    assert "  other " in pkg("observe").format_summary(summary.summary)
+    assert "  other " in pkg("observe.metrics").format_summary(summary.summary)
 
 
 def _too_slow(signum: int, frame: object) -> None:
@@ -180,7 +180,9 @@ class ValPids(Blobs):
 
 def test_validation_workers_serve_every_pass_and_end_with_training(project: Path) -> None:
     args = ["task.samples=dicts", "data.num_workers=2", "train.epochs=3", "train.batch_size=32"]
-    cfg = config.load_config(None, ["task.name=toy_tasks.blobs", *FAST, *args, "run.name=pids"])
+    cfg = pkg("task").load_config(
+        None, ["task.name=toy_tasks.blobs", *FAST, *args, "run.name=pids"]
+    )
     task = ValPids(cfg, pkg("settings").get_settings())
     task.pids = set()
     trainer.train(task.cfg, task)
@@ -198,7 +200,9 @@ def test_batch_larger_than_data_is_a_config_error(project: Path) -> None:
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
-    factors = [pkg("optim").lr_factor(s, warmup=4, total=20, schedule="cosine") for s in range(20)]
+    factors = [
+        pkg("engine.optim").lr_factor(s, warmup=4, total=20, schedule="cosine") for s in range(20)
+    ]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in itertools.pairwise(factors[3:]))
     assert factors[-1] < 0.01

@@ -17,11 +17,12 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import __version__, rawdata
-from .config import Config, field_types, load_config
+from . import __version__
+from .config import Config, field_types
+from .data import rawdata
+from .data.manifest import RawDataError
+from .engine.names import check_given, check_run_name
 from .errors import ConfigError, DataError, ProjectError, crash_line
-from .manifest import RawDataError
-from .names import check_given, check_run_name
 from .settings import Settings, get_settings
 
 PROG = __package__ or "main"
@@ -33,6 +34,8 @@ def _config(args: argparse.Namespace, settings: Settings) -> Config:
     if path is None:
         default = configs / "train.toml"
         path = default if default.is_file() else None
+    from .task import load_config  # noqa: PLC0415  (types the task's settings: imports torch)
+
     try:
         return load_config(path, args.overrides, task_dir=configs / "tasks")
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
@@ -50,7 +53,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     settings = get_settings()
     cfg = _config(args, settings)
     _verify_raw(cfg, settings)
-    from .data import prepare  # noqa: PLC0415  (imports torch)
+    from .data.processed import prepare  # noqa: PLC0415  (imports torch)
     from .task import load_task  # noqa: PLC0415
 
     task = load_task(cfg, settings)
@@ -64,8 +67,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = get_settings()
     cfg = _config(args, settings)
     check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
-    from . import diagnostics  # noqa: PLC0415  (imports torch)
-    from .trainer import run_name, train  # noqa: PLC0415
+    from .engine.trainer import run_name, train  # noqa: PLC0415
+    from .observe import diagnostics  # noqa: PLC0415  (imports torch)
 
     name = run_name(cfg, os.environ)
     if not (cfg.run.name or os.environ.get("RUN_NAME") or os.environ.get("SLURM_JOB_ID")):
@@ -95,7 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The task's test-split metrics and figures for a run's latest checkpoint."""
     settings = get_settings()
-    from .evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
+    from .engine.evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
 
     if args.run:
         check_run_name(args.run, "--run")
@@ -113,8 +116,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's final or best weights as one safetensors file, its config beside it."""
     settings = get_settings()
-    from .evaluate import latest_run  # noqa: PLC0415  (imports torch)
-    from .export import MODEL_FILE, export_run  # noqa: PLC0415
+    from .engine.evaluate import latest_run  # noqa: PLC0415  (imports torch)
+    from .ops.export import MODEL_FILE, export_run  # noqa: PLC0415
 
     if args.run:
         check_run_name(args.run, "--run")
@@ -130,7 +133,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """One table of runs: differing settings, final and best metrics, steps, hours, status."""
     settings = get_settings()
-    from .compare import run_compare  # noqa: PLC0415
+    from .experiments.compare import run_compare  # noqa: PLC0415
 
     check_run_name(args.name, "--name")  # a file name below reports/, like a run's folder
     run_compare(
@@ -153,7 +156,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag}: must be >= 0, got {getattr(args, option)}")
     settings = get_settings()
     cfg = _config(args, settings)
-    from .plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)
+    from .ops.plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)
 
     cluster = read_cluster(settings.project_root / "configs" / "cluster.toml")
     if args.gpus:
@@ -168,12 +171,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Environment report; exit 0 even with warnings (they are advice)."""
     settings = get_settings()
     if args.site:
-        from .sitecheck import run_site_check  # noqa: PLC0415
+        from .ops.sitecheck import run_site_check  # noqa: PLC0415
 
         run_site_check(settings.project_root)
         return 0
     cfg = _config(args, settings)
-    from .doctor import run_doctor  # noqa: PLC0415  (imports torch)
+    from .ops.doctor import run_doctor  # noqa: PLC0415  (imports torch)
 
     run_doctor(cfg, settings, quick=args.quick)
     return 0
@@ -182,7 +185,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """A search space -> its runs as one job array (`--trial`: one Optuna trial, in a task)."""
     settings = get_settings()
-    from . import hooks, sweep  # noqa: PLC0415  (the Optuna part imports optuna)
+    from .engine import hooks  # noqa: PLC0415  (the Optuna part imports optuna)
+    from .experiments import sweep  # noqa: PLC0415  (the Optuna part imports optuna)
 
     space, extra = args.space, list(args.overrides)
     if space is not None and "=" in space.name:  # settings only: the default space

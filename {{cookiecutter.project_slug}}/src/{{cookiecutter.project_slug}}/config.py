@@ -6,13 +6,16 @@ and its cluster), then `configs/tasks/<task.name>.toml` (the task's own settings
 hyperparameters), then `section.key=value` overrides on the command line. Values are
 type-checked on load, so a typo or a wrong type stops the program with one line that names the
 key, before any data is touched. The `[task]` section's keys other than `name` are the fields
-of the task's `Options` dataclass (see task.py).
+of the task's `Options` dataclass: their types come in as `option_types` (a function of the
+task's name, `task.option_types`), so this module never imports the task seam or torch.
+`task.load_config` is the call that passes them.
 """
 
 import dataclasses
 import json
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,14 +265,18 @@ def _set(
     setattr(section, key, _coerce(dotted, value, kinds[key], from_text))
 
 
-def _type_task_options(cfg: Config, name_source: Path | None = None) -> None:
+# The `[task]` settings' types from the task's name (task.option_types: imports the task).
+OptionTypes = Callable[[str], dict[str, type]]
+
+
+def _type_task_options(
+    cfg: Config, option_types: OptionTypes, name_source: Path | None = None
+) -> None:
     """Coerce the `[task]` settings with the types of the task's Options dataclass.
 
     They are checked only here, once every layer is read, so each error names the file the
     setting came from (`name_source`: the file that set `task.name`), as other tables' do.
     """
-    from .task import option_types  # noqa: PLC0415  (imports the task module and torch)
-
     try:
         kinds = option_types(cfg.task.name)
     except ConfigError as err:
@@ -351,6 +358,8 @@ def load_config(
     path: Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     task_dir: Path | None = None,
+    *,
+    option_types: OptionTypes,
 ) -> Config:
     """Defaults, the TOML file (if given), `task_dir/<task.name>.toml` (if there), overrides."""
     layers = [(path, _read_toml(path))] if path is not None else []
@@ -371,7 +380,7 @@ def load_config(
     _apply_overrides(cfg, overrides)
     if any(item.partition("=")[0].strip() == "task.name" for item in overrides):
         name_source = None
-    _type_task_options(cfg, name_source)
+    _type_task_options(cfg, option_types, name_source)
     validate(cfg)
     return cfg
 
@@ -384,11 +393,11 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return data
 
 
-def from_dict(data: dict[str, dict[str, Any]]) -> Config:
+def from_dict(data: dict[str, dict[str, Any]], *, option_types: OptionTypes) -> Config:
     """Inverse of `to_dict` (used when reading a run's saved configuration)."""
     cfg = Config()
     _apply(cfg, data)
-    _type_task_options(cfg)
+    _type_task_options(cfg, option_types)
     validate(cfg)
     return cfg
 

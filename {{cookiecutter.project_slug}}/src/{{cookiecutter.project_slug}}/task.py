@@ -42,8 +42,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from . import optim
+from . import config
 from .config import Config, field_types
+from .engine import optim
 from .errors import ConfigError, DataError
 from .settings import Settings
 
@@ -275,6 +276,20 @@ def available() -> list[str]:
 def option_types(name: str) -> dict[str, type]:
     """The `[task]` settings of a task and their types (from its `Options` dataclass)."""
     return field_types(task_class(name).Options)
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    task_dir: Path | None = None,
+) -> Config:
+    """`config.load_config` with the `[task]` settings typed by the named task's `Options`."""
+    return config.load_config(path, overrides, task_dir, option_types=option_types)
+
+
+def config_from_dict(data: dict[str, dict[str, Any]]) -> Config:
+    """`config.from_dict` (a run's saved configuration) with the task's settings typed."""
+    return config.from_dict(data, option_types=option_types)
 
 
 def load_task(cfg: Config, settings: Settings) -> Task:

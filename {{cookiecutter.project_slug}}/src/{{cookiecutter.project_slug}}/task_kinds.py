@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .plots import plot_confusion, plot_true_vs_predicted
+from .observe.plots import plot_confusion, plot_true_vs_predicted
 from .task import Batch, Task
 
 

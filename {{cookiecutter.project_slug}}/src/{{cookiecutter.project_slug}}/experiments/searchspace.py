@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, load_config, read_toml
-from .errors import ConfigError
-from .names import check_run_name
+from ..config import Config, read_toml
+from ..engine.names import check_run_name
+from ..errors import ConfigError
 
 METHODS = ("grid", "random", "optuna")
 PRUNERS = ("median", "none")
@@ -250,6 +250,8 @@ def overrides(space: Space, point: dict[str, Scalar], run: str, extra: list[str]
 
 def _run_config(items: list[str], config: Path | None, task_dir: Path) -> Config:
     """One run's configuration, as `train` would load it; an error names the run."""
+    from ..task import load_config  # noqa: PLC0415  (imports torch)
+
     try:
         return load_config(config, items, task_dir=task_dir)
     except ConfigError as err:
@@ -264,7 +266,7 @@ def check_runs(
 
     The sweep's metric must be one the task computes on the validation split.
     """
-    from .task import task_class  # noqa: PLC0415  (imports torch)
+    from ..task import task_class  # noqa: PLC0415  (imports torch)
 
     for items in settings:
         cfg = _run_config(items, config, task_dir)

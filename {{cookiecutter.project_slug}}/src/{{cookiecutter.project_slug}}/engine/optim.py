@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from .config import TrainConfig
-from .errors import CheckpointError
+from ..config import TrainConfig
+from ..errors import CheckpointError
 
 
 def adamw(groups: list[dict[str, Any]], lr: float, model: nn.Module) -> torch.optim.Optimizer:

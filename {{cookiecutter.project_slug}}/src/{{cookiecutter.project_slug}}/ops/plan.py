@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import Config
-from .errors import ConfigError
-from .settings import Settings
-from .task import load_task
+from ..config import Config
+from ..errors import ConfigError
+from ..settings import Settings
+from ..task import load_task
 
 try:  # Python 3.11+
     import tomllib

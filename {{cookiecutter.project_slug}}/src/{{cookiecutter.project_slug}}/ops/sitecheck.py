@@ -21,7 +21,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
 
-from .errors import ProjectError
+from ..errors import ProjectError
 
 SINFO = ["sinfo", "-h", "-o", "%P|%l|%G|%c|%m"]
 SCONTROL = ["scontrol", "show", "partition", "-o"]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # The package name doubles as the W&B project and MLflow experiment name by default.
 PROJECT = __name__.split(".", maxsplit=1)[0]

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, ProjectError
+from ..settings import Settings
 from . import searchspace
-from .errors import ConfigError, ProjectError
 from .searchspace import Space
-from .settings import Settings
 
 JOB_SCRIPT = "slurm/sweep.sbatch"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .tracking import Tracker, open_tracker
 from .tracking import state as tracker_state
 

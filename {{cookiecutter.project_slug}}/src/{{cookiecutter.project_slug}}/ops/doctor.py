@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
+from ..config import Config
+from ..engine.distributed import resolve_env
+from ..engine.runtime import cpus_available, default_workers
+from ..settings import Settings
 from . import packing
-from .config import Config
-from .distributed import resolve_env
 from .plan import read_cluster
-from .runtime import cpus_available, default_workers
-from .settings import Settings
 
 SLOW_FS = {"nfs", "nfs4", "cifs", "smb3", "fuse.sshfs"}
 GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS")

@@ -9,15 +9,15 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..config import Config
+from ..errors import CheckpointError
+from ..settings import Settings
+from ..task import Task, config_from_dict, load_task, own_collate, set_mode
 from . import checkpoint, distributed
 from .batches import EvalBatches, size, to_device
-from .config import Config, from_dict
 from .distributed import DistEnv
-from .errors import CheckpointError
-from .export import RunWeights, with_frozen_base
+from .run_weights import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
-from .settings import Settings
-from .task import Task, load_task, own_collate, set_mode
 
 
 @torch.no_grad()
@@ -83,7 +83,7 @@ def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     state = checkpoint.load_latest(run_dir / "checkpoints")
     if state is None:
         raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}")
-    return from_dict(state["config"]), state
+    return config_from_dict(state["config"]), state
 
 
 def latest_run(runs_dir: Path) -> Path:

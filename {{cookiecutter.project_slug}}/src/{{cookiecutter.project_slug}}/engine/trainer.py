@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, provenance, strategy
+from ..config import Config, to_dict, to_toml
+from ..data.processed import check_same_data, processed_digest, stage
+from ..errors import CheckpointError, ConfigError, DataError
+from ..observe import provenance
+from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
+from ..observe.plots import plot_curves
+from ..settings import Settings, get_settings
+from ..task import Batch, Datasets, Task, load_task, own_collate
+from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, strategy
 from .batches import (
     EvalBatches,
     check_first_sample,
@@ -33,12 +41,7 @@ from .batches import (
     tensor_bytes,
     to_device,
 )
-from .config import Config, to_dict, to_toml
-from .data import check_same_data, processed_digest, stage
-from .errors import CheckpointError, ConfigError, DataError
 from .evaluate import split_sums
-from .observe import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
-from .plots import plot_curves
 from .preemption import (
     EXIT_DIVERGED,
     EXIT_REQUEUE,
@@ -57,8 +60,6 @@ from .runtime import (
     pick_device,
     seed_everything,
 )
-from .settings import Settings, get_settings
-from .task import Batch, Datasets, Task, load_task, own_collate
 
 
 @dataclass
@@ -409,7 +410,7 @@ class Trainer:
         """`model.init_from`: safetensors, a model folder, a state dict or another checkpoint."""
         if not path.is_absolute():
             path = self.settings.project_root / path
-        from .pretrained import read_weights  # noqa: PLC0415  (fine-tuning runs only)
+        from ..data.pretrained import read_weights  # noqa: PLC0415  (fine-tuning runs only)
 
         weights = read_weights(path)
         checkpoint.load_model(

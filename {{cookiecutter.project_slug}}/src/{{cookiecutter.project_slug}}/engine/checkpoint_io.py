@@ -26,9 +26,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from . import checkpoint, distributed, hashcache
+from ..data import hashcache
+from ..errors import CheckpointError, NoIntactCheckpointError
+from . import checkpoint, distributed
 from .distributed import DistEnv
-from .errors import CheckpointError, NoIntactCheckpointError
 from .strategy import Strategy
 
 

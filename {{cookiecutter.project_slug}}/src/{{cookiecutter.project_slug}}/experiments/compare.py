@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError
+from ..errors import DataError
 
 try:  # Python 3.11+
     import tomllib
@@ -330,7 +330,7 @@ def run_compare(
     write_csv(written[0], header, rows)
     written[1].write_text(as_markdown(header, rows) + "\n", encoding="utf-8")
     if figure:
-        from .plots import plot_overlay  # noqa: PLC0415  (matplotlib: slow import)
+        from ..observe.plots import plot_overlay  # noqa: PLC0415  (matplotlib: slow import)
 
         best = [r.name for r in runs[:HIGHLIGHT] if metric in r.best]
         curves = {r.name: r.curves.get(metric, []) for r in runs}

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .rawdata import MANIFEST_PATH
+from ..data.rawdata import MANIFEST_PATH
 
 FILE_NAME = "provenance.jsonl"
 PACKAGES = ("torch", "numpy", "matplotlib", "tensorboard", "__package__")

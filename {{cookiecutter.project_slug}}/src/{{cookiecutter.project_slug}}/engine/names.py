@@ -2,7 +2,7 @@
 
 import re
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # One path component that is neither hidden nor a dot name: `..`, `/abs` or `a/b` would put
 # checkpoints and metrics outside runs/ or into nested folders.

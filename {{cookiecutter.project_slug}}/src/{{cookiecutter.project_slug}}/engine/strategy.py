@@ -29,13 +29,13 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from ..config import Config
+from ..errors import CheckpointError, ConfigError
+from ..task import Task
 from . import distributed
 from .checkpoint import load_model
-from .config import Config
 from .distributed import DistEnv
-from .errors import CheckpointError, ConfigError
 from .runtime import autocast_dtype
-from .task import Task
 
 
 def place(net: nn.Module, device: torch.device) -> nn.Module:

@@ -28,10 +28,10 @@ from torch.utils.data import (
     default_collate,
 )
 
+from ..errors import DataError
+from ..task import Batch, batch_seed, check_structure, seeded_batch
 from .distributed import DistEnv
-from .errors import DataError
 from .preemption import ignore_stop_signals
-from .task import Batch, batch_seed, check_structure, seeded_batch
 
 Collate = Callable[[list[Any]], Batch]
 """A task's own `collate`; None stands for torch's `default_collate`."""

@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import Config
-from .errors import DataError
+from ..config import Config
+from ..errors import DataError
+from ..task import Task
 from .hashcache import HashCache, file_digest
-from .task import Task
 
 DIGESTS = "SHA256SUMS"
 VERIFIED = ".verified"  # in a staged copy: the job and file stats of its last verification

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from .distributed import DistEnv
-from .errors import ConfigError
 
 
 def pick_device(preference: str, denv: DistEnv) -> torch.device:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from ..settings import get_settings
 from .hashcache import HashCache
 from .manifest import (
     Entry,
@@ -36,7 +37,6 @@ from .manifest import (
     stage_manifest,
     write_manifest,
 )
-from .settings import get_settings
 
 if TYPE_CHECKING:
     import argparse

@@ -1,0 +1,53 @@
+"""Everything a task imports, in one place: `from ..api import Task, Datasets, ...`.
+
+Tasks (`tasks/<name>.py`) import only from here, so the package's wings can move without an
+edit to your research code. What each name is:
+
+- the seam: `Task` (subclass it), `Batch`, `Datasets`, `NoOptions`; the ready-made kinds
+  `Classification` and `Regression`;
+- helpers for a task's data: `split_indices`, `class_labels`, `sample_generator` (the random
+  numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
+  a few shards);
+- models: `build_model` (`models.py`, yours), `CausalLM` and `LoRA` (`blocks/transformer.py`);
+- pretrained weights: `read_weights` (a safetensors file, a hub folder or a PyTorch file) and
+  `INDEX`, the file name of a sharded hub folder's index;
+- errors that stop a command with one line: `ConfigError` (a bad setting), `DataError` (bad
+  or missing data).
+"""
+
+from .blocks.transformer import CausalLM, LoRA
+from .data.pretrained import INDEX, read_weights
+from .data.shards import ShardReader, write_shards
+from .errors import ConfigError, DataError
+from .models import build_model
+from .task import (
+    Batch,
+    Datasets,
+    NoOptions,
+    Task,
+    class_labels,
+    sample_generator,
+    split_indices,
+)
+from .task_kinds import Classification, Regression
+
+__all__ = [
+    "INDEX",
+    "Batch",
+    "CausalLM",
+    "Classification",
+    "ConfigError",
+    "DataError",
+    "Datasets",
+    "LoRA",
+    "NoOptions",
+    "Regression",
+    "ShardReader",
+    "Task",
+    "build_model",
+    "class_labels",
+    "read_weights",
+    "sample_generator",
+    "split_indices",
+    "write_shards",
+]

@@ -1,0 +1,33 @@
+"""Data: from the immutable raw files to the batches' bytes, and pretrained weights.
+
+The raw-data guard (`rawdata`, `manifest`, `rawdata_hook`), processed data written
+all-or-nothing and staged to node-local disk (`processed`), shards of many small files
+(`shards`), pretrained weights (`pretrained`) and the file-digest cache (`hashcache`).
+
+May import: the seam (`task`, `config`, `errors`, `settings`). Never: `engine`, `observe`,
+`experiments`, `ops`, `tasks`.
+"""
+
+import warnings
+from importlib import import_module
+from typing import Any
+
+# Until template release 0.2.0 this package was the module `data.py` (now `processed.py`).
+# Its names still import from here, with a warning, for one release.
+_MOVED = frozenset({
+    "check_same_data", "prepare", "processed_digest", "read_digests", "stage", "swapped_in",
+    "verify", "write_digests",
+})  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The names of the former `data.py`, with a warning that says where they went."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} moved to {__name__}.processed (template release 0.3.0); "
+        "tasks import from the package's `api` module. The old path goes in the next release.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return getattr(import_module(".processed", __name__), name)

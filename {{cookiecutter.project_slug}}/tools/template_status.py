@@ -1,0 +1,538 @@
+"""Where this project stands against its template (`make template-status`).
+
+Reads the release this project records (``.hpc-ml-template.json``), looks up the newest
+release of the template it came from (the source that copier's or cruft's answers file
+records, or ``--template``) and prints the changelog entries in between, the files an
+update would touch, split by who owns them, and the template-owned files this project
+changed that the update changes too (where an update may conflict). It changes nothing
+here: the template is cloned into a temporary folder. Standard library and git only, so it
+runs before `make install` and with any Python 3.10+.
+
+Given repositories (paths or git URLs, as arguments or one per line in ``--repos-file``),
+it prints one table for all of them instead: a team's fleet at a glance.
+
+"Behind" means: a release tag (vX.Y.Z) newer than the recorded release exists. Unreleased
+template commits do not count (``cruft check`` compares with the template's HEAD instead).
+Exit status, for CI: 0 up to date, 1 no answer (an error), 3 behind, 4 conflict markers
+left in a file (an update not finished); for a table, the worst of its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+RECORD = ".hpc-ml-template.json"
+COPIER_ANSWERS = ".copier-answers.yml"
+CRUFT_STATE = ".cruft.json"
+# copier's short forms of code-host URLs, as its answers file may record them.
+SHORT_HOSTS = {"gh:": "https://github.com/", "gl:": "https://gitlab.com/"}
+RELEASE_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
+CHANGELOG_HEADING = re.compile(r"^## (\d+)\.(\d+)\.(\d+)\b")
+# How the template names files (escaped braces: this module itself is never rendered).
+PROJECT_FOLDER = re.compile(r"^\{\{\s*cookiecutter\.project_slug\s*\}\}$")
+CONDITION = re.compile(
+    r"\{[%]-?\s*if\s+cookiecutter\.(\w+)\s*==\s*'([^']*)'\s*-?%\}(.*?)\{[%]-?\s*endif\s*-?%\}"
+)
+VARIABLE = re.compile(r"\{\{\s*cookiecutter\.(\w+)\s*\}\}")
+CHANGE_WORDS = {"A": "added", "M": "modified", "D": "removed", "T": "modified"}
+# Lines git, copier and cruft write around the two sides of a conflict.
+MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+MARKER_SCAN_LIMIT = 5 * 1024 * 1024  # bytes
+UP_TO_DATE, FAILED, BEHIND, UNRESOLVED = 0, 1, 3, 4
+# Worst first: a table exits with the status of its worst row.
+SEVERITY = (FAILED, UNRESOLVED, BEHIND, UP_TO_DATE)
+
+Version = tuple[int, int, int]
+
+
+class StatusError(Exception):
+    """A problem that ends the report with one line."""
+
+
+@dataclass
+class Change:
+    """One project file that differs between two template releases."""
+
+    status: str  # added, modified, removed
+    path: str  # relative to the project root
+
+
+@dataclass
+class Status:
+    """Where one project stands; what the text report, the table and --json show."""
+
+    project: str
+    template: str
+    recorded: str  # the release the project records
+    newest: str  # the template's newest release
+    newest_ref: str  # its tag, or "HEAD" where the template has no release tags
+    behind_by: int  # releases after the recorded one
+    changelog: str = ""
+    template_owned: list[Change] = field(default_factory=list)
+    project_owned: list[Change] = field(default_factory=list)
+    # Files outside the project-owned list that this project changed (None: not in git).
+    changed_here: list[str] | None = None
+    conflict_risk: list[str] = field(default_factory=list)
+    conflict_markers: list[str] = field(default_factory=list)
+    last_update: str | None = None  # date of the last commit that changed the record
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status that CI gates on."""
+        if self.conflict_markers:
+            return UNRESOLVED
+        return BEHIND if self.behind_by else UP_TO_DATE
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise StatusError("git not found on PATH")
+    done = subprocess.run(  # noqa: S603  (fixed git commands)
+        [git, *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        raise StatusError(f"git {args[0]}: {last}")
+    return done.stdout
+
+
+def _version(text: str, where: str = RECORD) -> Version:
+    parts = text.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise StatusError(f"{where}: version {text!r} is not X.Y.Z")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def _show(version: Version) -> str:
+    return ".".join(map(str, version))
+
+
+def load_record(root: Path) -> dict[str, Any]:
+    """The release record the template wrote into this project."""
+    path = root / RECORD
+    if not path.is_file():
+        raise StatusError(f"{RECORD} not found: run this in a project made by hpc-ml-template")
+    record: dict[str, Any] = json.loads(path.read_text("utf-8"))
+    return record
+
+
+def _yaml_scalar(text: str) -> str:
+    """The value of a one-line YAML scalar as copier writes it (plain or quoted)."""
+    text = text.strip()
+    if text.startswith("'") and text.endswith("'"):
+        return text[1:-1].replace("''", "'")
+    if text.startswith('"'):
+        value: str = json.loads(text)
+        return value
+    return text
+
+
+def recorded_source(root: Path) -> tuple[str, str] | None:
+    """(template source, commit) from copier's or cruft's answers file, if there is one."""
+    copier = root / COPIER_ANSWERS
+    if copier.is_file():
+        found = {}
+        for line in copier.read_text("utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key in {"_src_path", "_commit"}:
+                found[key] = _yaml_scalar(value)
+        if "_src_path" in found:
+            return found["_src_path"], found.get("_commit", "")
+    cruft = root / CRUFT_STATE
+    if cruft.is_file():
+        state = json.loads(cruft.read_text("utf-8"))
+        return state["template"], state.get("commit") or ""
+    return None
+
+
+def clone_url(source: str) -> str:
+    """A URL or path git can clone, from copier's short forms too."""
+    for short, url in SHORT_HOSTS.items():
+        if source.startswith(short):
+            return url + source.removeprefix(short)
+    return source
+
+
+def resolve_local(source: str, root: Path) -> str:
+    """A relative template path, as copier records it when given one: from the project first."""
+    if "://" in source or ":" in source.partition("/")[0] or Path(source).is_absolute():
+        return source
+    beside = root / source
+    return str(beside.resolve()) if beside.exists() else source
+
+
+def releases(repo: Path) -> dict[Version, str]:
+    """Release tags (vX.Y.Z) of the template repository by version."""
+    found = {}
+    for tag in _git("tag", "--list", "v*", cwd=repo).split():
+        if match := RELEASE_TAG.match(tag):
+            found[(int(match[1]), int(match[2]), int(match[3]))] = tag
+    return found
+
+
+def changelog_between(text: str, since: Version, upto: Version) -> str:
+    """The changelog entries after ``since`` up to and including ``upto``."""
+    kept: list[str] = []
+    keep = False
+    for line in text.splitlines():
+        if match := CHANGELOG_HEADING.match(line):
+            version = (int(match[1]), int(match[2]), int(match[3]))
+            keep = since < version <= upto
+        elif line.startswith(("# ", "## ")):  # the title, "## Unreleased"
+            keep = False
+        if keep:
+            kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def project_path(template_path: str, answers: dict[str, str]) -> str | None:
+    """Where a template file lands in this project (None: not part of this project)."""
+    folder, _, rest = template_path.partition("/")
+    if not PROJECT_FOLDER.match(folder) or not rest:
+        return None
+    name = CONDITION.sub(
+        lambda m: m[3] if answers.get(m[1]) == m[2] else "",
+        rest,
+    )
+    name = VARIABLE.sub(lambda m: answers.get(m[1], ""), name)
+    parts = name.split("/")
+    return None if "" in parts else name
+
+
+def is_project_owned(path: str, patterns: list[str]) -> bool:
+    """True when a pattern of the project-owned list matches the path.
+
+    Patterns are relative to the project root: ``*`` matches within one path segment and a
+    trailing ``/**`` matches everything below a folder.
+    """
+    parts = path.split("/")
+    for pattern in patterns:
+        wanted = pattern.split("/")
+        below = wanted[-1] == "**"
+        if below:
+            wanted = wanted[:-1]
+        fits = len(parts) == len(wanted) or (below and len(parts) > len(wanted))
+        pairs = zip(parts[: len(wanted)], wanted, strict=True)
+        if fits and all(fnmatchcase(part, want) for part, want in pairs):
+            return True
+    return False
+
+
+def changes(repo: Path, base: str, head: str, answers: dict[str, str]) -> list[Change]:
+    """Project files whose template source differs between two template commits."""
+    out = _git("diff", "--name-status", "--no-renames", "-z", base, head, cwd=repo)
+    fields = out.split("\0")[:-1]  # -z ends every field with NUL
+    found = []
+    for status, path in zip(fields[::2], fields[1::2], strict=True):
+        target = project_path(path, answers)
+        if target is not None:
+            found.append(Change(CHANGE_WORDS.get(status[:1], "changed"), target))
+    return sorted(found, key=lambda change: change.path)
+
+
+def _base_ref(repo: Path, commit: str, version: Version, tags: dict[Version, str]) -> str:
+    """The template commit this project was made from: recorded commit, else its tag."""
+    for ref in (commit, tags.get(version, "")):
+        if ref:
+            try:
+                return _git("rev-parse", "--verify", "--quiet", f"{ref}^0", cwd=repo).strip()
+            except StatusError:
+                continue
+    raise StatusError(f"release {_show(version)} is not in the template's history")
+
+
+def changed_here(root: Path) -> set[str] | None:
+    """Files this project changed itself: committed outside a generation or an update.
+
+    A commit that changes the release record is the template's (the first commit, or an
+    update); every other commit, and what is not committed yet, is the project's. Edits
+    committed together with an update are not seen. None when ``root`` is not in git.
+    """
+    try:
+        prefix = _git("rev-parse", "--show-prefix", cwd=root).strip()
+    except StatusError:
+        return None
+    log = _git("log", "--no-renames", "--format=%x00", "--name-only", "--relative", cwd=root)
+    found: set[str] = set()
+    for commit in log.split("\0")[1:]:
+        files = {line for line in commit.splitlines() if line}
+        if RECORD not in files:
+            found |= files
+    dirty = _git("status", "--porcelain", "-z", "--untracked-files=all", "--", ".", cwd=root)
+    for entry in filter(None, dirty.split("\0")):
+        path = entry[3:]
+        if path.startswith(prefix):  # porcelain paths are relative to the repository root
+            found.add(path.removeprefix(prefix))
+    return found
+
+
+def conflict_markers(root: Path) -> list[str]:
+    """Files of the project with conflict markers in them (an update not finished)."""
+    try:
+        listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=root)
+        files = sorted(set(filter(None, listed.split("\0"))))
+    except StatusError:  # not in git: every file but the bookkeeping of tools
+        files = sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file() and not {".git", ".venv", ".conda"} & set(p.relative_to(root).parts)
+        )
+    found = []
+    for rel in files:
+        path = root / rel
+        try:
+            if path.stat().st_size > MARKER_SCAN_LIMIT:  # data, not text an update merged
+                continue
+            text = path.read_text("utf-8")
+        except (OSError, UnicodeDecodeError):  # binary or unreadable: no markers to find
+            continue
+        if MARKER.search(text):
+            found.append(rel)
+    return found
+
+
+def _last_update(root: Path) -> str | None:
+    try:
+        return _git("log", "-1", "--format=%cs", "--", RECORD, cwd=root).strip() or None
+    except StatusError:
+        return None
+
+
+class Templates:
+    """Template clones in one temporary folder, one per source (a fleet shares them)."""
+
+    def __init__(self, folder: Path) -> None:
+        """Clone into ``folder``."""
+        self.folder = folder
+        self.clones: dict[str, Path] = {}
+
+    def get(self, source: str) -> Path:
+        """The clone of ``source``, made on first use."""
+        if source not in self.clones:
+            repo = self.folder / f"template{len(self.clones)}"
+            _git("clone", "--quiet", "--no-checkout", clone_url(source), str(repo))
+            self.clones[source] = repo
+        return self.clones[source]
+
+
+def project_status(root: Path, template: str | None, templates: Templates) -> Status:
+    """Where the project at ``root`` stands against the newest release of its template."""
+    record = load_record(root)
+    current = _version(record["version"])
+    recorded = recorded_source(root)
+    source = template or (recorded[0] if recorded else None)
+    if not source:
+        raise StatusError(
+            "no template source recorded (no .copier-answers.yml or .cruft.json): "
+            "pass TEMPLATE=<template url or path>"
+        )
+    # The recorded commit, where the template has it; else the recorded release's tag.
+    commit = recorded[1] if recorded else ""
+    repo = templates.get(resolve_local(source, root))
+    tags = releases(repo)
+    if tags:
+        newest = max(tags)
+        newest_ref = tags[newest]
+        behind_by = sum(1 for version in tags if version > current)
+    else:
+        # A template without release tags: its newest commit states the version (copier
+        # then records that commit), so the record and this report still agree.
+        cc = json.loads(_git("show", "HEAD:cookiecutter.json", cwd=repo))
+        newest = _version(cc["_template_version"], where="the template's cookiecutter.json")
+        newest_ref = "HEAD"
+        behind_by = int(newest > current)
+    status = Status(
+        project=str(root),
+        template=source,
+        recorded=_show(current),
+        newest=_show(newest),
+        newest_ref=newest_ref,
+        behind_by=behind_by,
+        conflict_markers=conflict_markers(root),
+        last_update=_last_update(root),
+    )
+    mine = changed_here(root)
+    owned = record["project_owned"]
+    status.changed_here = (
+        None
+        if mine is None
+        else sorted(path for path in mine if not is_project_owned(path, owned) and path != RECORD)
+    )
+    if not behind_by:
+        return status
+    changelog = _git("show", f"{newest_ref}:CHANGELOG.md", cwd=repo)
+    status.changelog = changelog_between(changelog, current, newest)
+    base = _base_ref(repo, commit, current, tags)
+    touched = changes(repo, base, newest_ref, record["answers"])
+    status.template_owned = [c for c in touched if not is_project_owned(c.path, owned)]
+    status.project_owned = [c for c in touched if is_project_owned(c.path, owned)]
+    edited = set(status.changed_here or [])
+    status.conflict_risk = [c.path for c in status.template_owned if c.path in edited]
+    return status
+
+
+def _listing(changes: list[Change]) -> list[str]:
+    return [f"  {c.status:<9} {c.path}" for c in changes] or ["  (none)"]
+
+
+def render(status: Status) -> str:
+    """The report of one project as text."""
+    recorded = _version(status.recorded)
+    lines = [
+        f"This project: hpc-ml-template {status.recorded}",
+        f"Template: {status.template}",
+        f"Newest release: {status.newest} ({status.newest_ref})",
+    ]
+    if not status.behind_by:
+        lines.append(f"Up to date: no release after {status.recorded}.")
+    else:
+        lines += [
+            "",
+            f"Changes since {_show(recorded)} (CHANGELOG.md):",
+            "",
+            status.changelog or "(none)",
+            "",
+        ]
+        lines.append(
+            f"An update would change these template-owned files ({len(status.template_owned)}):"
+        )
+        lines += _listing(status.template_owned)
+        lines.append(
+            f"It leaves these alone, as this project owns them ({len(status.project_owned)}):"
+        )
+        lines += _listing(status.project_owned)
+        if status.changed_here is None:
+            lines.append("Changed here too (conflict risk): unknown, this project is not in git.")
+        else:
+            risk = status.conflict_risk
+            lines.append(f"Changed here too, so the update may conflict there ({len(risk)}):")
+            lines += [f"  {path}" for path in risk] or ["  (none)"]
+        checkout = f" --checkout {status.newest_ref}" if status.newest_ref != "HEAD" else ""
+        lines += [
+            "",
+            "A file is listed when its template source changed; a change inside a part your",
+            "answers leave out shows here but changes nothing. Commit your work, then take the",
+            f"release with `copier update --trust` or `cruft update{checkout}`.",
+        ]
+    if status.conflict_markers:
+        lines += ["", "Conflict markers left by an update (resolve them, then commit):"]
+        lines += [f"  {path}" for path in status.conflict_markers]
+    return "\n".join(lines)
+
+
+def read_repos(names: list[str], files: list[str]) -> list[str]:
+    """Repository paths or URLs from the arguments and from list files (# comments)."""
+    repos = list(names)
+    for name in files:
+        try:
+            text = Path(name).read_text("utf-8")
+        except OSError as exc:
+            raise StatusError(f"--repos-file {name}: {exc.strerror}") from exc
+        for line in text.splitlines():
+            entry = line.split("#", 1)[0].strip()
+            if entry:
+                repos.append(entry)
+    return repos
+
+
+def fleet_row(repo: str, template: str | None, templates: Templates) -> dict[str, Any]:
+    """One repository's row of the table: a local path, or a git URL cloned for the look."""
+    row: dict[str, Any] = {"repo": repo}
+    try:
+        root = Path(repo).expanduser()
+        if not root.is_dir():
+            root = templates.folder / f"repo{len(list(templates.folder.glob('repo*')))}"
+            _git("clone", "--quiet", clone_url(repo), str(root))
+        status = project_status(root, template, templates)
+    except StatusError as exc:
+        return {**row, "error": str(exc), "exit_code": FAILED}
+    return {
+        **row,
+        "recorded": status.recorded,
+        "newest": status.newest,
+        "behind_by": status.behind_by,
+        "conflict_risk": status.conflict_risk,
+        "changed_here": status.changed_here,
+        "conflict_markers": status.conflict_markers,
+        "last_update": status.last_update,
+        "exit_code": status.exit_code,
+    }
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    """The fleet as a text table, one line per repository."""
+    header = ["repo", "recorded", "newest", "behind", "conflict risk", "last update"]
+    table = [header]
+    for row in rows:
+        if "error" in row:
+            table.append([row["repo"], "?", "?", "?", f"error: {row['error']}", ""])
+            continue
+        risk = ", ".join(row["conflict_risk"]) or "-"
+        if row["changed_here"] is None:
+            risk = "? (not in git)"
+        if row["conflict_markers"]:
+            risk = f"markers left: {', '.join(row['conflict_markers'])}"
+        table.append([
+            row["repo"], row["recorded"], row["newest"], str(row["behind_by"]), risk,
+            row["last_update"] or "-",
+        ])  # fmt: skip
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(
+            [*(cell.ljust(w) for cell, w in zip(line, widths, strict=False)), line[-1]]
+        ).rstrip()
+        for line in table
+    )
+
+
+def worst(codes: list[int]) -> int:
+    """The exit status of a table: that of its worst row."""
+    return next((code for code in SEVERITY if code in codes), UP_TO_DATE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the status of the project in the current folder, or a table of repositories."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="exit status: 0 up to date, 1 error, 3 behind, 4 conflict markers left",
+    )
+    parser.add_argument("repos", nargs="*", help="repositories (paths or git URLs): a table")
+    parser.add_argument("--repos-file", action="append", default=[], metavar="FILE",
+                        help="a file with one repository path or git URL per line")  # fmt: skip
+    parser.add_argument("--template", help="template URL or path (default: the recorded one)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="template-status-") as tmp:
+        templates = Templates(Path(tmp))
+        try:
+            repos = read_repos(args.repos, args.repos_file)
+            if not repos:
+                status = project_status(Path.cwd(), args.template or None, templates)
+                print(json.dumps(asdict(status), indent=2) if args.json else render(status))
+                return status.exit_code
+        except StatusError as exc:
+            print(f"template-status: {exc}", file=sys.stderr)
+            return FAILED
+        rows = [fleet_row(repo, args.template or None, templates) for repo in repos]
+    code = worst([row["exit_code"] for row in rows])
+    print(
+        json.dumps({"repos": rows, "exit_code": code}, indent=2)
+        if args.json
+        else render_table(rows)
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
