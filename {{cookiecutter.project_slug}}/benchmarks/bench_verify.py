@@ -26,7 +26,7 @@ from importlib import import_module
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = next((ROOT / "src").glob("*/rawdata.py")).parent.name
+PACKAGE = next((ROOT / "src").glob("*/data/rawdata.py")).parent.parent.name
 rawdata = import_module(f"{PACKAGE}.data.rawdata")
 MIB = 1 << 20
 
