@@ -219,6 +219,7 @@ PROJECT_FOLDERS = (
     "slurm",
     "src",
     "tests",
+    "tools",
     "workflow",
 )
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -126,7 +126,7 @@ def _flat_layout_commit() -> str:
     """The last commit of the flat package (release 0.2.0's layout): the parent of the commit
     that added the wings."""
     wings = f"{PACKAGE_DIR}/engine/__init__.py"
-    added = git(ROOT, "rev-list", "-1", "--diff-filter=A", "HEAD", "--", wings).strip()
+    added = git(ROOT, "log", "-1", "--format=%H", "--diff-filter=A", "HEAD", "--", wings).strip()
     assert added, f"no commit adds {wings}: a shallow clone? (git fetch --unshallow)"
     return git(ROOT, "rev-parse", f"{added}^").strip()
 
