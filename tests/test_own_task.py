@@ -30,9 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ..errors import DataError
-from ..task import Datasets, split_indices
-from ..task_kinds import Regression
+from ..api import DataError, Datasets, Regression, split_indices
 
 
 @dataclass

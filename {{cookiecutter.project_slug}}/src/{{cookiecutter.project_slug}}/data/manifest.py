@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+# The command users type: the package, whatever wing this module sits in.
+PROGRAM = (__package__ or "").partition(".")[0]
 HEADER = ("path", "size", "mode", "sha256")
 # One regular expression per line keeps reading 100,000 entries well under a second.
 _LINE = re.compile(r"([^\t]+)\t([0-9]+)\t(0[0-7]{3,4})\t([0-9a-f]{64})")
@@ -75,7 +77,7 @@ def read_manifest(path: Path) -> dict[str, Entry]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        hint = f"`{__package__} data freeze` records the raw data"
+        hint = f"`{PROGRAM} data freeze` records the raw data"
         raise RawDataError(f"no manifest at {path}; {hint}") from None
     except UnicodeDecodeError:
         raise RawDataError(f"manifest {path}: not UTF-8 text") from None

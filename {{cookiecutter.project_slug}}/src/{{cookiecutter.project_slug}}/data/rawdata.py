@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ..settings import get_settings
 from .hashcache import HashCache
 from .manifest import (
+    PROGRAM,
     Entry,
     RawDataError,
     check_path,
@@ -306,7 +307,7 @@ def verify_raw(raw_dir: Path, manifest: Path) -> None:
     if content:
         raise RawDataError(
             f"raw data in {raw_dir} does not match {manifest}: {_summary(content, raw_dir)}; "
-            f"run `{__package__} data verify` for the full list"
+            f"run `{PROGRAM} data verify` for the full list"
         )
     if changes:
         log.warning(
@@ -314,7 +315,7 @@ def verify_raw(raw_dir: Path, manifest: Path) -> None:
             "`%s data freeze` makes them read-only again",
             len(changes),
             raw_dir,
-            __package__,
+            PROGRAM,
         )
 
 
@@ -346,7 +347,7 @@ def freeze(raw_dir: Path, manifest: Path, *, update: bool, full: bool = False) -
         if content:
             raise RawDataError(
                 f"raw data in {raw_dir} differs from {manifest}: {_summary(content, raw_dir)}; "
-                f"record it with `{__package__} data freeze --update`"
+                f"record it with `{PROGRAM} data freeze --update`"
             )
         for change in changes:
             st = stats[change.path]
@@ -417,7 +418,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     if changes:
         print(
             f"{raw_dir}: {len(changes)} difference(s) from {manifest}; if intended, record "
-            f"them with `{__package__} data freeze --update`",
+            f"them with `{PROGRAM} data freeze --update`",
             file=sys.stderr,
         )
         return 1

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
-from .manifest import RawDataError, parse_manifest
+from .manifest import PROGRAM, RawDataError, parse_manifest
 from .rawdata import IGNORED_NAMES, MANIFEST_PATH, PERMISSIONS, compare, default_paths
 
 _SHOWN = 10  # problems listed before "and N more"
@@ -127,7 +127,7 @@ def main() -> int:
     if len(problems) > _SHOWN:
         print(f"  ... and {len(problems) - _SHOWN} more")
     manifest = MANIFEST_PATH.as_posix()
-    print(f"If intended: `{__package__} data freeze --update` and `git add {manifest}`.")
+    print(f"If intended: `{PROGRAM} data freeze --update` and `git add {manifest}`.")
     return 1
 
 

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..data.manifest import PROGRAM
 from ..data.rawdata import MANIFEST_PATH
 
 FILE_NAME = "provenance.jsonl"
@@ -68,7 +69,7 @@ def versions() -> dict[str, str | None]:
     """Python and the installed versions of the packages that shape a result."""
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
-        dist = __package__ if name == "__package__" else name
+        dist = PROGRAM if name == "__package__" else name
         try:
             found[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
