@@ -187,7 +187,8 @@ def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> N
     assert "target-version" not in ruff  # ruff reads requires-python
     assert {"E", "F", "I", "B", "UP", "D", "S"} <= set(ruff["lint"]["select"])
     mypy = data["tool"]["mypy"]
-    assert mypy["strict"] is True and mypy["files"] == ["src"]
+    assert mypy["strict"] is True and mypy["files"] == ["src", "tools"]
+    assert all((result.project / path).is_dir() for path in mypy["files"])
     uv = data["tool"].get("uv")
     assert (uv is not None) == (answers["environment"] == "uv")
     if uv is not None:
