@@ -142,6 +142,34 @@ def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> 
     assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
 
 
+def test_export_replaces_only_its_own_folder(project: Path) -> None:
+    """An existing path that is not an earlier export of the run is refused, untouched."""
+    export, settings = pkg("ops.export"), pkg("settings").get_settings()
+    task = blobs(*FAST, "run.name=mine", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    run_dir = project / "runs" / "mine"
+    (project / "README.md").write_text("my notes\n", encoding="utf-8")
+    (project / "data" / "raw").mkdir(parents=True, exist_ok=True)
+    (project / "data" / "raw" / "keep.csv").write_text("1,2\n", encoding="utf-8")
+    (project / "elsewhere").symlink_to(project / "data")
+    before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    for out in ["runs/mine", "data", "README.md", ".", "elsewhere", "runs"]:
+        with pytest.raises(pkg("errors").ConfigError, match="is not an earlier export of run mine"):
+            export.export_run(run_dir, project / out, settings)
+    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == before
+    done = run_cli("export", "--run", "mine", "--out", str(project / "data"), project=project)
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert f"--out {project / 'data'}: exists" in done.stderr
+
+    first = export.export_run(run_dir, project / "exported", settings)
+    again = export.export_run(run_dir, first, settings, dtype="bf16")  # its own: replaced
+    assert json.loads((again / "export.json").read_text())["dtype"] == "bf16"
+    other = blobs(*FAST, "run.name=other", "train.epochs=1")
+    trainer.train(other.cfg, other)
+    with pytest.raises(pkg("errors").ConfigError, match="not an earlier export of run other"):
+        export.export_run(project / "runs" / "other", first, settings)
+
+
 def test_export_without_weights_gets_one_line(project: Path) -> None:
     task = blobs(*FAST, "run.name=plain", "train.epochs=1")
     trainer.train(task.cfg, task)
