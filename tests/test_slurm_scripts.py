@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import re
 import signal
 import subprocess
@@ -454,6 +455,7 @@ def _training_job(
         stderr=subprocess.STDOUT,
         text=True,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE": str(state), "SLURM_JOB_ID": "7", **env},
+        start_new_session=True,  # a process group of its own: the whole job can be killed
     )
     return job, state
 
@@ -499,6 +501,27 @@ def test_term_during_a_slow_checkpoint_after_usr1_still_requeues(
     assert job.returncode == (0 if requeued else 3), out
     took = int(re.search(r"the stop took (\d+) s from SIGUSR1", out)[1])
     assert (project / "logs" / ".stop-seconds-runA").read_text().strip() == str(took)
+
+
+def test_a_stop_killed_at_the_limit_still_raises_the_next_grace(
+    default_bake, tmp_path: Path
+) -> None:
+    # USR1 starts the stop; the checkpoint is still being written when the job is killed (the
+    # limit's KILL): nothing reports the stop, yet its record holds the whole grace, so the
+    # run's next segment stops twice as early (plus 30 s).
+    project = _mini_project(default_bake.project, tmp_path)
+    job, state = _training_job(project, tmp_path, ["stop"])
+    _wait_file(state / "started-1", job)
+    job.send_signal(signal.SIGUSR1)
+    _wait_file(state / "saving", job)
+    os.killpg(job.pid, signal.SIGKILL)  # the job script, its timer and the step, as Slurm does
+    job.communicate(timeout=60)
+    record = project / "logs" / ".stop-seconds-runA"
+    assert record.read_text().strip() == "300"  # the grace of a one-hour limit
+    code = 'RUN_KEY=runA; schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'
+    bin_dir = tmp_path / "bin"
+    res = _run_common_sh(project, code, f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7")
+    assert "630 s before the limit (twice the 300 s" in res.stdout + res.stderr, res.stdout
 
 
 def test_slow_stop_warns_with_both_figures(default_bake, tmp_path: Path) -> None:

@@ -171,6 +171,11 @@ on_signal() {
     if [[ -z "$FIRST_SIGNAL" ]]; then
         FIRST_SIGNAL=$1
         STOP_AT=$SECONDS
+        # Until the stop ends it counts as needing the whole grace: a stop whose checkpoint is
+        # killed at the limit (no report_stop then) still raises the next segment's grace.
+        if [[ "$1" == USR1 && -n "$GRACE" && -d logs ]]; then
+            echo "$GRACE" >"$(stop_record)" 2>/dev/null || true
+        fi
     fi
     SIGNALS_SEEN=$((SIGNALS_SEEN + 1))
     log "received SIG$1"
@@ -234,7 +239,8 @@ job_times() {
 }
 
 # Where the stop of a run records how long it took (signal to exit), for the grace of the
-# run's next segment: logs/.stop-seconds-<run name, else job id>.
+# run's next segment: logs/.stop-seconds-<run name, else job id>. Written when USR1 arrives
+# (the whole grace, as a stop killed at the limit never reports) and again when it ends.
 stop_record() {
     local key=${RUN_KEY:-${SLURM_JOB_ID:-}}
     printf 'logs/.stop-seconds-%s' "${key//\//_}"
