@@ -125,6 +125,9 @@ class Strategy:
             net,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self.cfg.dist.find_unused_parameters,
+            # Gradients are views into the all-reduce buckets, not a second copy beside them:
+            # 4 B per parameter less, so the state is the 16 B/param that `plan` counts.
+            gradient_as_bucket_view=True,
         )
         self._ddp = ddp
         return ddp

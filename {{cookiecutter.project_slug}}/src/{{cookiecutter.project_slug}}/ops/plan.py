@@ -6,7 +6,7 @@ the size of a checkpoint, how long one takes to write at the speed measured on t
 directory's disk, and the advice that follows. The arithmetic, for AdamW with fp32 master
 weights: 4 bytes of weights per parameter, and per trainable parameter 4 bytes of gradient
 and 8 of optimizer moments: 16 B/param for a full fine-tune. DDP keeps all of it on every
-GPU; FSDP keeps 1/world of it, plus the gathered parameters of the block being computed
+GPU (its gradients are views into the all-reduce buckets, not a second copy); FSDP keeps 1/world of it, plus the gathered parameters of the block being computed
 (bf16 under mixed precision). Activations come on top; they grow with batch size and
 sequence length, and only a short run measures them.
 
