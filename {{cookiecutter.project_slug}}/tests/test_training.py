@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,38 @@ def test_throughput_after_a_resume_counts_this_segment_only(project: Path) -> No
     busy = second["data_s"] + second["compute_s"]  # each rounded to 1 ms
     low, high = 4 * 64 / (busy + 0.001) - 0.1, 4 * 64 / (busy - 0.001) + 0.1
     assert low <= second["samples_per_s"] <= high
+
+
+def test_a_background_save_due_while_the_last_writes_is_skipped_and_said_once(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first background save is held on the disk until three later ones fell due."""
+    checkpoint, checkpoint_io = pkg("engine.checkpoint"), pkg("engine.checkpoint_io")
+    disk_free, steps = threading.Event(), []
+    real_save, real_skip = checkpoint.save, checkpoint_io.Checkpointer.skip
+
+    def slow_disk(state: dict[str, Any], *args: Any) -> Path:
+        steps.append(state["position"]["step"])
+        if len(steps) == 1:
+            disk_free.wait(timeout=600)  # released by the third skip (a bound only if broken)
+        return real_save(state, *args)
+
+    def skip(self: Any, step: int, writing: bool) -> bool:
+        skipped = real_skip(self, step, writing)
+        if self.skipped == 3:
+            disk_free.set()
+        return skipped
+
+    monkeypatch.setattr(checkpoint, "save", slow_disk)
+    monkeypatch.setattr(checkpoint_io.Checkpointer, "skip", skip)
+    args = ["run.async_checkpoint=true", "run.checkpoint_every_steps=2", "train.batch_size=64"]
+    result = train("run.name=skips", "train.epochs=2", *args)
+    assert result.summary["status"] == "finished"
+    assert disk_free.is_set() and steps[0] == 2 and {4, 6, 8}.isdisjoint(steps), steps
+    assert steps[-1] == result.summary["step"]  # the last save is written, never skipped
+    said = capsys.readouterr().out
+    assert said.count("is skipped") == 1, said
+    assert "the checkpoint due at step 4 is skipped" in said and "checkpoint_every_minutes" in said
 
 
 def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:

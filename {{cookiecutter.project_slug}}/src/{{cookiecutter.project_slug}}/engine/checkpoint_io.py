@@ -12,7 +12,9 @@ Waiting for another rank's reading or writing happens in the untimed I/O group
 a checkpoint slow, not the run dead. A background save (`run.async_checkpoint`) first copies
 the state (DCP's staging with several processes, else `Stager`'s pinned copy) and then writes
 while training goes on; at most one is in flight, and every other use of the I/O group waits
-for it first.
+for it first. A background save that falls due while the previous one is still being written
+is skipped (`skip`), said once: waiting for the disk would hold training for the rest of the
+write at every save.
 """
 
 import shutil
@@ -95,6 +97,7 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future[Any] | None = None
         self._stager = Stager()
+        self.skipped = 0  # background saves skipped while the previous one was still writing
 
     # --- saving -----------------------------------------------------------------------
     def save(
@@ -178,6 +181,28 @@ class Checkpointer:
             checkpoint.fsync_dir(self.directory)
             checkpoint.prune(self.directory, step, self.keep)
         distributed.barrier(io=True)
+
+    def writing(self) -> bool:
+        """Whether this process's background save is still being written."""
+        return self._pending is not None and not self._pending.done()
+
+    def skip(self, step: int, writing: bool) -> bool:
+        """Whether to skip the background save due at `step`: yes while one is `writing`.
+
+        `writing` must be the same on every rank (the trainer's step vote), so all skip the
+        same saves. The first skip is said, with the settings that make saves less frequent.
+        """
+        if not writing:
+            return False
+        self.skipped += 1
+        if self.skipped == 1:
+            self.say(
+                f"warning: the checkpoint due at step {step} is skipped: the previous background "
+                "save is still being written (saves fall due faster than the disk takes them; "
+                "later ones are skipped the same way, unsaid). Raise run.checkpoint_every_minutes "
+                "or run.checkpoint_every_steps"
+            )
+        return True
 
     def wait(self) -> None:
         """Finish the background save in flight, if any (its errors are raised here)."""

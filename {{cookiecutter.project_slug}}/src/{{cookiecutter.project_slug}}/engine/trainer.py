@@ -418,14 +418,19 @@ class Trainer:
         )
         self.say(f"initial weights from {path}")
 
-    def save_checkpoint(self, background: bool = False) -> bool:
+    def save_checkpoint(self, background: bool = False, writing: bool = False) -> bool:
         """Write a checkpoint for the current step (every rank calls this).
 
         Returns False, writing nothing, when the weights are no longer finite: the last
         finite checkpoint is never replaced by a diverged one. `background`: written while
-        training goes on, when `run.async_checkpoint` is set.
+        training goes on, when `run.async_checkpoint` is set, or skipped while the previous
+        background save is still `writing` (as the ranks voted).
         """
         if self.saved_step == self.pos.step:
+            return True
+        background = background and self.cfg.run.async_checkpoint
+        if background and self.checkpoints.skip(self.pos.step, writing):
+            self.saved_time = time.monotonic()  # the next one falls due a full interval later
             return True
         if not self.strategy.all_finite(self.net):
             return False
@@ -450,7 +455,6 @@ class Trainer:
             "strategy": self.strategy.name,
             "frozen": {"keys": frozen, "digest": digest} if frozen else None,
         }
-        background = background and self.cfg.run.async_checkpoint
         self.checkpoints.save(self.pos.step, self.net, self.optimizer, extra, background)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
         self.timers.add("checkpoint", start)
@@ -547,11 +551,16 @@ class Trainer:
         )
         planned = epoch_done or segment or (every > 0 and self.pos.step % every == 0)
         # Every rank acts on the same step, at most one step after any rank saw the flag.
-        stop, time_due = self.vote.poll(
-            [stop_requested, minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes]
+        stop, time_due, writing = self.vote.poll(
+            [
+                stop_requested,
+                minutes > 0 and time.monotonic() - self.saved_time > 60 * minutes,
+                self.checkpoints.writing(),
+            ]
         )
         # The save before an exit is written at once; the others may go to the background.
-        if (planned or stop or time_due) and not self.save_checkpoint(not (stop or segment)):
+        due = planned or stop or time_due
+        if due and not self.save_checkpoint(not (stop or segment), writing):
             return "diverged"
         if stop and self.pos.step < self.total_steps:  # a signal after the last step: done
             return "stop"

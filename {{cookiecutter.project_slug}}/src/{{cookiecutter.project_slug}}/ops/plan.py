@@ -6,9 +6,10 @@ the size of a checkpoint, how long one takes to write at the speed measured on t
 directory's disk, and the advice that follows. The arithmetic, for AdamW with fp32 master
 weights: 4 bytes of weights per parameter, and per trainable parameter 4 bytes of gradient
 and 8 of optimizer moments: 16 B/param for a full fine-tune. DDP keeps all of it on every
-GPU (its gradients are views into the all-reduce buckets, not a second copy); FSDP keeps 1/world of it, plus the gathered parameters of the block being computed
-(bf16 under mixed precision). Activations come on top; they grow with batch size and
-sequence length, and only a short run measures them.
+GPU (its gradients are views into the all-reduce buckets, not a second copy); FSDP keeps
+1/world of it, plus the gathered parameters of the block being computed (bf16 under mixed
+precision). Activations come on top; they grow with batch size and sequence length, and only
+a short run measures them.
 
 The cluster's facts come from `configs/cluster.toml` (generated from the cluster preset):
 GPUs per node, nodes, memory of one GPU and the `$HOME` quota.
