@@ -125,8 +125,12 @@ def state_bytes(model: Model, strategy: str, world: int, compute_bytes: int) -> 
 
 
 def checkpoint_bytes(model: Model) -> float:
-    """One checkpoint file: fp32 weights and buffers, AdamW's two moments per trainable."""
-    return float(4 * model.params + 8 * model.trainable + model.buffer_bytes)
+    """One checkpoint: fp32 weights and AdamW's two moments of each trainable, and buffers.
+
+    Parameters frozen when the model is built (a LoRA base) are left out of checkpoints (the
+    run's `model.init_from` holds them; engine/strategy.py's `frozen_keys`).
+    """
+    return float(12 * model.trainable + model.buffer_bytes)
 
 
 def disk_speed(folder: Path, megabytes: int) -> float:
