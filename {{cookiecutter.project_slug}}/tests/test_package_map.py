@@ -28,7 +28,7 @@ FORBIDDEN = {
     "settings": {"task", "task_kinds", "api", "config", *WINGS},
 }
 # The modules kept for one release at their pre-0.3.0 paths (they only re-export).
-OLD_PATHS = {"shards", "pretrained", "transformer", "template_status"}
+OLD_PATHS = {"moved", "shards", "pretrained", "transformer", "template_status"}
 
 
 def room(module: str) -> str:

@@ -3,16 +3,9 @@
 This module re-exports the old names for one release, with a warning; it goes in the next.
 """
 
-import warnings
-
+from . import moved
 from .blocks.transformer import Block, CausalLM, LoRA, LowRank
 
 __all__ = ["Block", "CausalLM", "LoRA", "LowRank"]
 
-warnings.warn(
-    f"{__name__} moved to {__package__}.blocks.transformer (template release 0.3.0): import from "
-    f"{__package__}.api instead (in a task: from ..api import ...). The old path goes in the "
-    "next release.",
-    FutureWarning,
-    stacklevel=2,
-)
+moved.warn(__name__, "blocks.transformer")

@@ -8,9 +8,10 @@ May import: the seam (`task`, `config`, `errors`, `settings`). Never: `engine`, 
 `experiments`, `ops`, `tasks`.
 """
 
-import warnings
 from importlib import import_module
 from typing import Any
+
+from .. import moved
 
 # Until template release 0.2.0 this package was the module `data.py` (now `processed.py`).
 # Its names still import from here, with a warning, for one release.
@@ -24,10 +25,5 @@ def __getattr__(name: str) -> Any:
     """The names of the former `data.py`, with a warning that says where they went."""
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} moved to {__name__}.processed (template release 0.3.0); "
-        "tasks import from the package's `api` module. The old path goes in the next release.",
-        FutureWarning,
-        stacklevel=2,
-    )
+    moved.warn(f"{__name__}.{name}", "data.processed")
     return getattr(import_module(".processed", __name__), name)
