@@ -118,7 +118,7 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
 SLOW_HASH = """
 import os, time
 if os.environ.get("SLURM_PROCID") == "0":
-    from {package} import hashcache
+    from {package}.data import hashcache
     digest, slow = hashcache.file_digest, set()
     def file_digest(path):
         if path.parent not in slow:  # once per checkpoint: a disk far slower than the timeout
@@ -136,7 +136,8 @@ def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
     # Fault injection without a hook in the package: a sitecustomize module on the children's
     # path makes rank 0's checksum pass (part of every save) take longer than the timeout.
     hook = tmp_path_factory.mktemp("slow")
-    (hook / "sitecustomize.py").write_text(SLOW_HASH.format(package=checkpoint.__package__))
+    package = checkpoint.__package__.partition(".")[0]
+    (hook / "sitecustomize.py").write_text(SLOW_HASH.format(package=package))
     monkeypatch.setenv("PYTHONPATH", str(hook))
     monkeypatch.setenv("SLOW_SAVE_S", "15")
     ckpt_dir = project / "runs" / "slow" / "checkpoints"
