@@ -291,6 +291,22 @@ def test_fine_tuning_with_frozen_layers_under_ddp(project: Path) -> None:
     assert "2 process(es) via torchrun" in out.stdout
 
 
+def test_frozen_layers_under_ddp_without_the_setting_name_it(project: Path) -> None:
+    out = run_cli(
+        "train",
+        "task.name=toy_tasks.blobs",
+        *FAST,
+        "run.name=ddp-unused",
+        "train.epochs=2",
+        "task.freeze_epochs=1",
+        project=project,
+        torchrun=2,
+    )
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "error: some parameters got no gradient in a step" in out.stderr, out.stderr
+    assert "set dist.find_unused_parameters=true" in out.stderr, out.stderr
+
+
 # --- misuse: one line each -----------------------------------------------------------------
 def one_line(out: subprocess.CompletedProcess[str]) -> str:
     assert out.stderr.startswith("error: "), out.stderr

@@ -11,7 +11,7 @@ asks which strategy it has.
 
 import hashlib
 from collections.abc import Callable, Collection, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -64,6 +64,25 @@ def recompute_in_backward(block: nn.Module) -> None:
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     block.forward = checkpointed
+
+
+@contextmanager
+def _unused_parameters_named(inner: AbstractContextManager[Any]) -> Iterator[None]:
+    """DDP's error about parameters without a gradient as one line naming this project's key.
+
+    torch's message names its own argument (`find_unused_parameters=True` of DDP); here the
+    setting is `dist.find_unused_parameters`.
+    """
+    try:
+        with inner:
+            yield
+    except RuntimeError as err:
+        if "find_unused_parameters" not in str(err):
+            raise
+        raise ConfigError(
+            "some parameters got no gradient in a step (frozen after the model was built, or a "
+            "branch the loss does not use): set dist.find_unused_parameters=true"
+        ) from None
 
 
 def tensor_digest(named: Iterator[tuple[str, torch.Tensor]]) -> str:
@@ -134,10 +153,9 @@ class Strategy:
 
     def sync(self, sync: bool) -> AbstractContextManager[Any]:
         """Context of one backward pass: gradients all-reduced only when `sync`."""
-        if self._ddp is not None and not sync:
-            no_sync: AbstractContextManager[Any] = self._ddp.no_sync()
-            return no_sync
-        return nullcontext()
+        if self._ddp is None:
+            return nullcontext()
+        return _unused_parameters_named(nullcontext() if sync else self._ddp.no_sync())
 
     def release(self) -> None:
         """Drop the DDP wrapper (its reducer holds the process group) before the group goes."""
