@@ -13,6 +13,9 @@ moments. The trainer's checkpoint layer (`checkpoint_io.Checkpointer`) then, for
 - `load`: reading the newest checkpoint and loading it into the model and optimizer, as a
   resumed run does.
 
+Then the fsdp format's blocking save with one writer thread per process against
+`checkpoint_io.WRITE_THREADS`, interleaved round by round (the best of `--rounds` each).
+
 `save` is the figure behind `STOP_GRACE` (slurm/common.sh): the stop signal must come at least
 one blocking save before the time limit, and more where the disk is shared. With background
 saves, checkpoints further apart than `behind` hold training only for `held`. The last line is
@@ -137,6 +140,19 @@ def main() -> None:
                 f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s",
                 flush=True,
             )
+        threads = {count: [] for count in (1, checkpoint_io.WRITE_THREADS)}
+        default = checkpoint_io.WRITE_THREADS
+        for index in range(args.rounds):
+            for count, saves in threads.items():
+                checkpoint_io.WRITE_THREADS = count  # read by each save's writer
+                folder = Path(tmp) / f"threads-{count}-{index}"
+                saves.append(measure(args, "fsdp", device, folder)["save"])
+        checkpoint_io.WRITE_THREADS = default
+        one, many = min(threads[1]), min(threads[default])
+        print(
+            f"fsdp save: {default} writer threads {many:.2f} s, 1 thread {one:.2f} s: "
+            f"{one / many:.2f}x"
+        )
     print(
         "checkpoint: "
         + " | ".join(

@@ -34,6 +34,16 @@ from . import checkpoint, distributed
 from .distributed import DistEnv
 from .strategy import Strategy
 
+# DCP writes a process's shards with one thread by default: 0.40-0.45 GB/s on an H200 node's
+# disk that takes 1.4 GB/s. With WRITE_THREADS threads each process writes that many files in
+# parallel, and their checksums are taken in parallel too (hashlib releases the GIL).
+WRITE_THREADS = 4
+
+
+def _writer(folder: Path) -> dcp.FileSystemWriter:
+    """DCP's file writer for `folder`, with WRITE_THREADS threads (files) per process."""
+    return dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS)
+
 
 class Stager:
     """Copies of the state for a background save, in host buffers reused from save to save.
@@ -147,15 +157,15 @@ class Checkpointer:
             return
         io = distributed.io_group()
         if background:  # returns once the state is staged; the writing goes on in a thread
-            written = dcp.async_save(tensors, checkpoint_id=tmp, process_group=io)
+            written = dcp.async_save(tensors, storage_writer=_writer(tmp), process_group=io)
             self._pending = self._pool.submit(self._seal, tmp, step, written)
         else:
-            dcp.save(tensors, checkpoint_id=tmp, process_group=io)
+            dcp.save(tensors, storage_writer=_writer(tmp), process_group=io)
             self._seal(tmp, step)
 
     def _write_alone(self, tensors: dict[str, Any], tmp: Path, step: int) -> None:
         with checkpoint.alone():
-            dcp.save(tensors, checkpoint_id=tmp, no_dist=True)
+            dcp.save(tensors, storage_writer=_writer(tmp), no_dist=True)
         self._seal(tmp, step)
 
     def _seal(self, tmp: Path, step: int, written: Any = None) -> None:
@@ -164,11 +174,14 @@ class Checkpointer:
             written.result()  # DCP's rank 0 writes its metadata after every rank's shards
         rank, main = self.denv.rank, self.denv.is_main
         # Each rank hashes the files it wrote (`__<rank>_*`), rank 0 also the shared ones.
-        mine = {
-            f.name: hashcache.file_digest(f)
+        written_here = [
+            f
             for f in sorted(tmp.iterdir())
             if f.name.startswith(f"__{rank}_") or (main and not f.name.startswith("__"))
-        }
+        ]
+        with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="checksum") as pool:
+            digests = pool.map(hashcache.file_digest, written_here)
+            mine = {f.name: digest for f, digest in zip(written_here, digests, strict=True)}
         files = {
             k: v for part in distributed.gather_objects(mine, io=True) for k, v in part.items()
         }
