@@ -146,6 +146,7 @@ def main() -> None:
             for count, saves in threads.items():
                 checkpoint_io.WRITE_THREADS = count  # read by each save's writer
                 folder = Path(tmp) / f"threads-{count}-{index}"
+                folder.mkdir()
                 saves.append(measure(args, "fsdp", device, folder)["save"])
         checkpoint_io.WRITE_THREADS = default
         one, many = min(threads[1]), min(threads[default])
