@@ -456,6 +456,8 @@ def test_a_task_of_release_0_2_trains_after_the_update_into_wings(
     """The project made from the flat layout has the wings now; the user's task, importing
     from the old paths, trains, and each old path says where it went."""
     project = from_flat[engine]
+    task = project / "src" / SLUG / "tasks" / "fake_task.py"
+    assert task.read_text("utf-8") == USER_TASK  # the project's own file, kept as it was
     assert (project / "src" / SLUG / "engine" / "trainer.py").is_file()
     assert not (project / "src" / SLUG / "trainer.py").exists()
     args = ["task.name=fake_task", "train.epochs=2", "train.batch_size=24", "run.name=mine"]
