@@ -34,11 +34,10 @@ def check_out(out_dir: Path, run_dir: Path) -> None:
     """Refuse an `out_dir` that exists and is not an earlier export of the same run."""
     if not out_dir.exists() and not out_dir.is_symlink():
         return
-    record = out_dir / RECORD
-    try:
-        earlier = json.loads(record.read_text(encoding="utf-8")) if out_dir.is_dir() else {}
+    try:  # a file, a folder without the record or a damaged record: not an export of ours
+        earlier = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        earlier = {}
+        earlier = None
     if out_dir.is_symlink() or not isinstance(earlier, dict) or earlier.get("run") != run_dir.name:
         raise ConfigError(
             f"--out {out_dir}: exists and is not an earlier export of run {run_dir.name} "
