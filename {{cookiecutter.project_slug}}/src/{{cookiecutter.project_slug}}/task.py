@@ -137,7 +137,8 @@ class Task(ABC):
 
         Under `dist.strategy = "fsdp"` ranks other than 0 call it inside `torch.device("meta")`:
         their tensors hold no values (rank 0's are copied into their shards), so it must not
-        read them.
+        read them. With `model.init_from` every process builds the parameters on meta
+        (engine/initial_weights.py) and the files fill them.
         """
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
@@ -190,8 +191,20 @@ class Task(ABC):
         ]
 
     def pretrained_target(self, model: nn.Module) -> nn.Module:
-        """The part of the model that `model.init_from`'s weights are loaded into."""
+        """The part of the model that `model.init_from`'s weights are loaded into.
+
+        Parameters outside it (adapters, a new head) are initialised by their module's
+        `reset_parameters()` (engine/initial_weights.py).
+        """
         return model
+
+    def pretrained_name(self, name: str) -> str:
+        """The name in `model.init_from`'s files of the target's tensor `name`.
+
+        Default: the same. Override it for weights saved under other names, e.g.
+        `return name.replace("encoder.", "model.")`.
+        """
+        return name
 
     def on_epoch_start(self, model: nn.Module, epoch: int) -> None:  # noqa: B027  (optional)
         """Called before each epoch (also the epoch a run resumes in): freeze layers, etc.

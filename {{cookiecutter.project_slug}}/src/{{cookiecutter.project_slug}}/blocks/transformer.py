@@ -76,9 +76,16 @@ class LowRank(nn.Module):
     def __init__(self, inputs: int, outputs: int, rank: int, alpha: float) -> None:
         """A (rank x inputs) random, B (outputs x rank) zero, scale alpha / rank."""
         super().__init__()
-        self.a = nn.Parameter(torch.randn(rank, inputs) / math.sqrt(inputs))
-        self.b = nn.Parameter(torch.zeros(outputs, rank))
-        self.scale = alpha / rank
+        self.a = nn.Parameter(torch.empty(rank, inputs))
+        self.b = nn.Parameter(torch.empty(outputs, rank))
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """A normal with variance 1 / inputs, B zero: the update starts at exactly zero."""
+        with torch.no_grad():
+            self.a.normal_(0.0, 1.0 / math.sqrt(self.a.shape[1]))
+            self.b.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The low-rank term added to the layer's output."""
@@ -99,10 +106,12 @@ class LoRA(nn.Module):
         super().__init__()
         self.base = base.requires_grad_(False)
         self.adapters = nn.ModuleDict()
+        self.layers: dict[str, str] = {}  # adapter key -> the base layer it adapts (export)
         for name, layer in base.named_modules():
             if isinstance(layer, nn.Linear) and name.split(".")[-1] in targets:
                 adapter = LowRank(layer.in_features, layer.out_features, rank, alpha)
                 self.adapters[name.replace(".", "_")] = adapter
+                self.layers[name.replace(".", "_")] = name
                 layer.register_forward_hook(_adds(adapter))
         if not self.adapters:
             raise ConfigError(f"task.lora_rank: no linear layer named one of {list(targets)}")

@@ -12,10 +12,17 @@ Three layouts are read, all onto the CPU without reading more than the tensors t
 
 Every failure is one line that names the path: a missing file or shard, an index that is not
 JSON, a file that is none of these formats.
+
+`read_weights` returns every tensor at once (for one process that needs the whole model, e.g.
+`export`). `WeightFiles` reads tensor by tensor and slice by slice: the training start uses it,
+so under fsdp each process reads only the slices it keeps (safetensors files are memory-mapped:
+a slice costs its own bytes, never the whole file).
 """
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,3 +91,82 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ConfigError(f"{FIELD}: no file {path}")
     return _safetensors(path) if path.suffix == ".safetensors" else _pickled(path)
+
+
+class WeightFiles:
+    """The tensors at `path` by name, read one slice at a time (nothing is read up front).
+
+    safetensors files (one, or a folder with or without its index) are opened lazily and
+    read slice by slice; a PyTorch file is memory-mapped, so a slice reads its own pages.
+    """
+
+    def __init__(self, path: Path) -> None:
+        """Read the headers (names, shapes, dtypes) of every file; one line for a bad path."""
+        self.path = path
+        self._open: dict[Path, Any] = {}
+        self._pickled: dict[str, torch.Tensor] | None = None
+        self.where: dict[str, Path] = {}  # tensor name -> its safetensors file
+        if path.is_dir():
+            self._folder(path)
+        elif not path.is_file():
+            raise ConfigError(f"{FIELD}: no file {path}")
+        elif path.suffix == ".safetensors":
+            self._add(path, None)
+        else:
+            self._pickled = _pickled(path)
+
+    def _folder(self, folder: Path) -> None:
+        index = folder / INDEX
+        if not index.is_file():
+            if not (folder / SINGLE).is_file():
+                raise ConfigError(f"{FIELD}: folder {folder} has neither {INDEX} nor {SINGLE}")
+            self._add(folder / SINGLE, None)
+            return
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{FIELD}: {index} has no valid weight_map: {err}") from None
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{FIELD}: {index}: weight_map must map tensor names to files")
+        for shard in sorted(set(weight_map.values())):
+            if not (folder / shard).is_file():
+                raise ConfigError(f"{FIELD}: shard {shard} named in {index} is missing")
+            self._add(folder / shard, {k for k, v in weight_map.items() if v == shard})
+
+    def _add(self, file: Path, wanted: set[str] | None) -> None:
+        # Imported here: only runs that read safetensors pay for the import.
+        from safetensors import SafetensorError, safe_open  # noqa: PLC0415
+
+        try:
+            handle = safe_open(file, framework="pt", device="cpu")
+        except (SafetensorError, OSError) as err:
+            raise ConfigError(f"{FIELD}: {file} is not a safetensors file: {err}") from None
+        names = set(handle.keys())
+        if wanted is not None and (absent := sorted(wanted - names)):
+            raise ConfigError(f"{FIELD}: {file} lacks {absent[0]}, which {INDEX} puts there")
+        self._open[file] = handle
+        self.where.update(dict.fromkeys(sorted(names if wanted is None else wanted), file))
+
+    def names(self) -> set[str]:
+        """Every tensor name the files hold."""
+        return set(self._pickled) if self._pickled is not None else set(self.where)
+
+    def shape(self, name: str) -> list[int]:
+        """The whole tensor's shape, from the header."""
+        if self._pickled is not None:
+            return list(self._pickled[name].shape)
+        return list(self._open[self.where[name]].get_slice(name).get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """The part `index` (one slice per dimension) of tensor `name`."""
+        if self._pickled is not None:
+            return self._pickled[name][index]
+        handle = self._open[self.where[name]]
+        # A 0-dim tensor (a scalar buffer) takes no slice: read it whole.
+        return handle.get_slice(name)[index] if index else handle.get_tensor(name)
+
+    def tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Whole tensors `names` (a few at a time: for streaming, not for a whole model)."""
+        return {
+            name: self.read(name, tuple(slice(0, n) for n in self.shape(name))) for name in names
+        }

@@ -12,6 +12,7 @@ asks which strategy it has.
 import hashlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from ..task import Task
 from . import distributed
 from .checkpoint import load_model
 from .distributed import DistEnv
+from .initial_weights import InitialWeights
 from .runtime import autocast_dtype
 
 
@@ -108,10 +110,13 @@ class Strategy:
         self.frozen_at_build: set[str] = set()
         self._digests: dict[tuple[str, ...], str] = {}
         self._ddp: DistributedDataParallel | None = None
+        self.initial: InitialWeights | None = None  # model.init_from, read into the model
 
     def setup(self, task: Task) -> tuple[nn.Module, nn.Module]:
         """Build the task's model: (the model itself, the wrapped one that runs the steps)."""
-        net = self.materialise(task)
+        if self.cfg.model.init_from:  # built on meta, filled from the files once placed
+            self.initial = InitialWeights(task, Path(self.cfg.model.init_from), self.cfg.run.seed)
+        net = self.initial.build() if self.initial else self.materialise(task)
         if self.cfg.model.channels_last:
             net = net.to(memory_format=torch.channels_last)
         # Parameters frozen from the start never change: checkpoints store a digest of them
@@ -127,6 +132,8 @@ class Strategy:
             for block in blocks:
                 recompute_in_backward(block)
         model = self.wrap(net, blocks)
+        if self.initial:
+            self.initial.fill(net)
         if self.cfg.model.compile:
             model = torch.compile(model)
         return net, model
@@ -138,6 +145,8 @@ class Strategy:
     def wrap(self, net: nn.Module, blocks: list[nn.Module]) -> nn.Module:
         """DDP around the model when there are several processes."""
         del blocks  # DDP replicates the whole model
+        if self.initial:  # built on meta: memory on the device, the initial weights fill it
+            self.initial.allocate(net, self.device)
         if not self.denv.distributed:
             return net
         ddp = DistributedDataParallel(
@@ -211,9 +220,19 @@ class Strategy:
         return {"model": weights, "optimizer": optimizer.state_dict()}
 
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
-        """The whole model's weights on the CPU of rank 0 (every rank calls this)."""
-        weights: dict[str, torch.Tensor] = net.state_dict()
-        return weights
+        """Whole tensors on rank 0's CPU, without the frozen base (every rank calls this).
+
+        Gathered tensor by tensor (fsdp): rank 0 holds what trains (LoRA: the adapters), never
+        the frozen base, which the run's `model.init_from` has (`frozen_keys`).
+        """
+        skip, whole = set(self.frozen_keys(net)), {}
+        for name, tensor in self.weights(net).items():
+            if name in skip:
+                continue
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if self.denv.is_main:
+                whole[name] = full.detach().cpu()
+        return whole
 
     def load(
         self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
@@ -270,6 +289,9 @@ class FSDP(Strategy):
 
         One process: the model as it is, on the device.
         """
+        if self.initial:  # every rank built on meta; the initial weights fill the shards
+            sharded = self._shard(net, blocks) if self.denv.distributed else net
+            return self.initial.allocate(sharded, self.device)
         if not self.denv.distributed:
             return place(net, self.device)
         # Rank 0's whole tensors stay referenced here until every rank has its shards; the
@@ -277,10 +299,7 @@ class FSDP(Strategy):
         initial = net.state_dict()
         # Buffers left out of state dicts (e.g. a precomputed rotary table) are sent apart.
         transient = [name for name, _ in net.named_buffers() if name not in initial]
-        mesh = init_device_mesh(self.device.type, (self.denv.world_size,))
-        for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=self.policy)
-        fully_shard(net, mesh=mesh, mp_policy=self.policy)
+        self._shard(net, blocks)
         if self.denv.rank != 0:
             net.to_empty(device=self.device)  # allocates this rank's shards, uninitialised
         # Sent one tensor at a time; each rank keeps its shard of it (tied weights stay tied).
@@ -293,6 +312,14 @@ class FSDP(Strategy):
         buffers = dict(net.named_buffers())
         for name in transient:
             torch.distributed.broadcast(buffers[name], src=0)
+        return net
+
+    def _shard(self, net: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+        """`fully_shard` each block, then the rest (its parameters become DTensor shards)."""
+        mesh = init_device_mesh(self.device.type, (self.denv.world_size,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=self.policy)
+        fully_shard(net, mesh=mesh, mp_policy=self.policy)
         return net
 
     def sync(self, sync: bool) -> AbstractContextManager[Any]:
@@ -325,12 +352,6 @@ class FSDP(Strategy):
         skip = set(self.frozen_keys(net))
         weights = {k: v for k, v in self.weights(net).items() if k not in skip}
         return {"model": weights, "optimizer": get_optimizer_state_dict(net, optimizer)}
-
-    def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
-        """Gathered shard by shard into rank 0's CPU memory (the other ranks get nothing)."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights: dict[str, torch.Tensor] = get_model_state_dict(net, options=options)
-        return weights
 
     def load(
         self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str

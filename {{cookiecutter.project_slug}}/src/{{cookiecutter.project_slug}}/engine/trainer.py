@@ -349,8 +349,8 @@ class Trainer:
         state = self.checkpoints.load_latest(self.net, self.optimizer)
         if state is None:
             self.say(f"run {self.name}: no checkpoint in {self.ckpt_dir}, starting fresh")
-            if self.cfg.model.init_from:
-                self.load_initial_weights(Path(self.cfg.model.init_from))
+            if self.strategy.initial:  # read into the model when it was built
+                self.say(f"initial weights from {self.strategy.initial.path}")
             return False
         if state["config"].get("task", {}).get("name", "digits") != self.task.name:
             raise ConfigError(
@@ -363,8 +363,6 @@ class Trainer:
                 f"dist.strategy: run {self.name}'s checkpoint was written with "
                 f"{state.get('strategy', 'ddp')!r}; resume it with that strategy"
             )
-        if state.get("frozen") and self.cfg.model.init_from:  # the base it left out
-            self.load_initial_weights(Path(self.cfg.model.init_from))
         source = f"run {self.name}'s checkpoint"
         load = partial(self.strategy.load, self.net, self.optimizer, state, source)
         optim.restore(self.optimizer, self.scheduler, state, self.name, load)
@@ -405,18 +403,6 @@ class Trainer:
             self.say("warning: process count or batch size changed; this epoch's order changes")
         if self.pos.batch + self.accum > self.batches_per_epoch:  # no full step left
             self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
-
-    def load_initial_weights(self, path: Path) -> None:
-        """`model.init_from`: safetensors, a model folder, a state dict or another checkpoint."""
-        if not path.is_absolute():
-            path = self.settings.project_root / path
-        from ..data.pretrained import read_weights  # noqa: PLC0415  (fine-tuning runs only)
-
-        weights = read_weights(path)
-        checkpoint.load_model(
-            self.task.pretrained_target(self.net), weights, f"model.init_from {path}"
-        )
-        self.say(f"initial weights from {path}")
 
     def save_checkpoint(self, background: bool = False, writing: bool = False) -> bool:
         """Write a checkpoint for the current step (every rank calls this).
@@ -531,8 +517,11 @@ class Trainer:
             return  # only a strict improvement replaces the best
         self.best = value
         weights = self.strategy.full_weights(self.net)  # fsdp: gathered onto rank 0
+        frozen = self.strategy.frozen_keys(self.net)  # left out, as in checkpoints
+        digest = self.strategy.frozen_digest(self.net, frozen) if frozen else ""
         if self.denv.is_main:
             best = {"model": weights, "step": self.pos.step, name: value}
+            best["frozen"] = {"keys": frozen, "digest": digest} if frozen else None
             checkpoint.save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
         self.checkpoints.barrier()  # the others wait for the write outside any timed collective
 
