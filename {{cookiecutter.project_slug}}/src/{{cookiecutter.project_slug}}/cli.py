@@ -114,19 +114,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A run's final or best weights as one safetensors file, its config beside it."""
+    """A run's final or best weights as a model folder (safetensors, config, tokenizer)."""
     settings = get_settings()
     from .engine.evaluate import latest_run  # noqa: PLC0415  (imports torch)
-    from .ops.export import MODEL_FILE, export_run  # noqa: PLC0415
+    from .ops.export import export_run  # noqa: PLC0415
 
     if args.run:
         check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
-    out = args.out or run_dir / "export"
-    export_run(run_dir, out, settings, args.weights, args.dtype)
-    size_mb = (out / MODEL_FILE).stat().st_size / 1e6
-    print(f"wrote {out / MODEL_FILE} ({args.weights} weights, {args.dtype}, {size_mb:.1f} MB)")
-    print(f"wrote {out / 'config.toml'}")
+    out = args.out or run_dir / ("adapters" if args.adapters else "export")
+    written = export_run(
+        run_dir,
+        out,
+        settings,
+        args.weights,
+        args.dtype,
+        adapters=args.adapters,
+        shard_gb=args.shard_gb,
+    )
+    size_mb = sum(path.stat().st_size for path in written) / 1e6
+    what = "LoRA adapters" if args.adapters else "model"
+    print(f"wrote {out}: {what}, {args.weights} weights, {args.dtype}, {size_mb:.1f} MB")
+    for path in written:
+        print(f"  {path.name}")
     return 0
 
 
@@ -270,7 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="final: the newest checkpoint; best: best.pt (run.best_metric)",
     )
     export.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    export.add_argument("--out", type=Path, help="output folder (default: runs/<run>/export)")
+    export.add_argument(
+        "--out", type=Path, help="output folder (default: runs/<run>/export or .../adapters)"
+    )
+    export.add_argument(
+        "--adapters",
+        action="store_true",
+        help="a LoRA run's adapters as a peft adapter folder (default: merged into the model)",
+    )
+    export.add_argument(
+        "--shard-gb", type=float, default=5.0, help="largest safetensors file (default: 5)"
+    )
     export.set_defaults(func=cmd_export)
 
     sweep = sub.add_parser(

@@ -1,10 +1,11 @@
-"""A run's weights, whole and on the CPU: the one place that knows where a run keeps them.
+"""A run's weights on the CPU: the one place that knows where a run keeps them.
 
 `load_weights_for_run` reads a run's final weights (its newest readable checkpoint) or its best
-ones (`best.pt`) through `checkpoint.py`'s public functions, so a change of the checkpoint
+ones (`best.pt`) whole, through `checkpoint.py`'s public functions, so a change of the checkpoint
 format changes this module only. A checkpoint that leaves out a frozen base (a `frozen` entry
 naming its parameters) is completed from the run's `model.init_from` (`with_frozen_base`).
-Used by `evaluate` and by `export` (ops/export.py).
+Used by `evaluate`. `ModelTensors` reads the same weights a few tensors at a time, never the
+optimizer state: `export` (ops/export.py) streams a model of any size through it.
 """
 
 from dataclasses import dataclass
@@ -12,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..data.pretrained import read_weights
 from ..errors import CheckpointError
 from ..settings import Settings
-from ..task import config_from_dict, load_task
+from ..task import Task, config_from_dict, load_task
 from . import checkpoint
+from .initial_weights import tie_groups
 
 
 @dataclass
@@ -64,17 +67,99 @@ def with_frozen_base(found: RunWeights, settings: Settings) -> dict[str, torch.T
             f"{found.source}: {len(found.frozen)} frozen parameters are left out and the run "
             "names no model.init_from to take them from"
         )
-    task = load_task(cfg, settings)
-    if task.processed_dir.is_dir():
-        task.datasets(task.processed_dir)  # tasks may learn their shapes from the data
-    with torch.device("meta"):  # only the names: nothing allocated
-        net = task.build_model()
-    target = task.pretrained_target(net)
-    name = next(name for name, module in net.named_modules() if module is target)
-    prefix = f"{name}." if name else ""
+    task, net = model_on_meta(found.config, settings)
+    prefix = target_prefix(task, net)
     path = Path(cfg.model.init_from)
     base = read_weights(path if path.is_absolute() else settings.project_root / path)
     named = {prefix + key: value for key, value in base.items()}
+    for group in tie_groups(net):  # a tied tensor may be stored under one of its names only
+        if present := [n for n in group if n in named]:
+            named.update(dict.fromkeys(group, named[present[0]]))
     if missing := [key for key in found.frozen if key not in named]:
         raise CheckpointError(f"model.init_from {path}: lacks the frozen parameter {missing[0]}")
     return {**{key: named[key] for key in found.frozen}, **found.weights}
+
+
+def model_on_meta(config: dict[str, Any], settings: Settings) -> tuple[Task, nn.Module]:
+    """The run's task and its model's structure (meta device: names and shapes only)."""
+    task = load_task(config_from_dict(config), settings)
+    if task.processed_dir.is_dir():
+        task.datasets(task.processed_dir)  # tasks may learn their shapes from the data
+    with torch.device("meta"):
+        return task, task.build_model()
+
+
+def target_prefix(task: Task, net: nn.Module) -> str:
+    """The prefix of `pretrained_target`'s names in the whole model (e.g. "base.")."""
+    target = task.pretrained_target(net)
+    name = next(name for name, module in net.named_modules() if module is target)
+    return f"{name}." if name else ""
+
+
+class ModelTensors:
+    """The model tensors of a run's final or best weights, read a few at a time.
+
+    The final weights are the newest checkpoint whose checksums hold (a damaged one is named
+    and the one before it used, as on resume). A checkpoint file is memory-mapped and a
+    sharded one read by name: the optimizer state is never read.
+    """
+
+    def __init__(self, run_dir: Path, which: str = "final") -> None:
+        """Find the checkpoint and read its small records (step, configuration, frozen)."""
+        self.path = _intact(run_dir, which)
+        self._pickled: dict[str, torch.Tensor] | None = None
+        if self.path.is_dir():
+            from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+            meta: dict[str, Any] = torch.load(self.path / "meta.pt", weights_only=True)
+            stored = FileSystemReader(str(self.path)).read_metadata()
+            paths = stored.planner_data or {}
+            self.shapes = {
+                ".".join(paths[key][1:]): list(md.size)
+                for key, md in stored.state_dict_metadata.items()
+                if paths.get(key, ("",))[0] == "model"
+            }
+        else:
+            meta = checkpoint.load(self.path)
+            self._pickled = meta["model"]
+            self.shapes = {k: list(v.shape) for k, v in self._pickled.items()}
+        self.config: dict[str, Any] = meta["config"]
+        self.step = int(meta["step"] if "step" in meta else meta["position"]["step"])
+        self.frozen: list[str] = list((meta.get("frozen") or {}).get("keys", []))
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The tensors `names`, whole, on the CPU."""
+        if self._pickled is not None:
+            return {name: self._pickled[name] for name in names}
+        from torch.distributed.checkpoint.state_dict_loader import (  # noqa: PLC0415
+            _load_state_dict_from_keys,
+        )
+
+        with checkpoint.alone():  # one process, no process group
+            found = _load_state_dict_from_keys(
+                {f"model.{n}" for n in names}, checkpoint_id=self.path
+            )
+        tensors: dict[str, torch.Tensor] = found["model"]
+        return tensors
+
+
+def _intact(run_dir: Path, which: str) -> Path:
+    """best.pt, or the newest checkpoint whose files match their checksums."""
+    if which == "best":
+        path = run_dir / "best.pt"
+        if not path.is_file():
+            raise CheckpointError(f"no {path}: the run kept no best weights (run.best_metric)")
+        return path
+    problems = []
+    for _, path in reversed(checkpoint.list_checkpoints(run_dir / "checkpoints")):
+        try:
+            sums = checkpoint.read_manifest(path)["sha256"]
+            names = [path.name] if path.is_file() else sorted(sums)
+            problem = checkpoint.damaged(path, names, sums)
+        except CheckpointError as err:
+            problem = str(err)
+        if problem is None:
+            return path
+        problems.append(problem)
+    found = f" ({'; '.join(problems)})" if problems else ""
+    raise CheckpointError(f"no intact checkpoint in {run_dir / 'checkpoints'}{found}")

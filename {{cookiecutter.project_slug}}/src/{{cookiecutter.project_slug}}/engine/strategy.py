@@ -121,7 +121,9 @@ class Strategy:
             net = net.to(memory_format=torch.channels_last)
         # Parameters frozen from the start never change: checkpoints store a digest of them
         # instead of the weights (a frozen base under LoRA adapters: most of the model).
-        self.frozen_at_build = {n for n, p in net.named_parameters() if not p.requires_grad}
+        self.frozen_at_build = {
+            n for n, p in net.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
         blocks = task.blocks(net)
         if self.cfg.train.activation_checkpointing == "blocks":
             if not blocks:
@@ -194,9 +196,9 @@ class Strategy:
     # --- checkpoint state -------------------------------------------------------------
     def frozen_keys(self, net: nn.Module) -> list[str]:
         """Parameters frozen since the model was built: left out of checkpoints."""
-        return sorted(
+        return sorted(  # every name of a tied parameter: each is a state-dict key
             n
-            for n, p in net.named_parameters()
+            for n, p in net.named_parameters(remove_duplicate=False)
             if n in self.frozen_at_build and not p.requires_grad
         )
 
