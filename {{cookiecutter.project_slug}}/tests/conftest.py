@@ -114,7 +114,7 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 def example_task(name: str) -> bool:
     """True while the shipped example (its task module and raw file) is in the project."""
-    raw = CORPUS if name == "lm" else DIGITS
+    raw = CORPUS if name in {"lm", "hub_lm"} else DIGITS
     return raw.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
 
 

@@ -1,0 +1,199 @@
+"""A hub model in, a hub model out: the hub_lm example on tiny Llama-layout folders.
+
+The folders are made here, offline: a byte-level BPE tokenizer trained on the corpus and a
+2-layer Llama with random weights from a config, saved in shards with their index as a hub
+download leaves them. One ties its output layer to the embedding (as small Qwen and
+Llama-3.2 models do), one does not. Needs the `hf` extra (transformers) and, for the adapter
+check, `peft`.
+"""
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CORPUS, PACKAGE, assert_identical, cli_env, example_task, pkg, run_cli
+from test_ddp import free_job_id, train_losses
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+tokenizers = pytest.importorskip("tokenizers", reason="the hf extra is not installed")
+
+pytestmark = pytest.mark.skipif(not example_task("hub_lm"), reason="no hub_lm example here")
+
+TRAIN = [
+    "task.name=hub_lm",
+    "data.verify_raw=false",
+    "task.context=32",
+    "task.stride=16",
+    "train.batch_size=8",
+    "train.grad_accum_steps=1",
+    "train.epochs=2",  # 42 steps of 2 x 8 windows
+    "train.lr=1e-3",
+    "run.log_every_steps=1",
+    "run.progress=log",
+    "run.figures=false",
+]
+
+
+def hub_folder(folder: Path, tied: bool) -> Path:
+    """A tiny causal-LM folder in the hub layout, as `save_pretrained` writes one."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")  # noqa: S106
+    fast.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+        eos_token_id=fast.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(folder, max_shard_size="40KB")  # a few shards and their index
+    assert (folder / "model.safetensors.index.json").is_file()
+    return folder
+
+
+@pytest.fixture(params=["tied", "untied"])
+def hub_project(request: pytest.FixtureRequest, project: Path) -> Path:
+    """A project with the corpus, a hub folder in models/ and the prepared token shards."""
+    raw = project / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw / CORPUS.name).write_bytes(CORPUS.read_bytes())
+    hub_folder(project / "models" / "base", tied=request.param == "tied")
+    done = run_cli("prepare", *TRAIN, "model.init_from=models/base", project=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "windows of 33 tokens" in done.stdout
+    return project
+
+
+def two_ranks(project: Path, *args: str) -> list[subprocess.Popen[str]]:
+    """`train` in two processes started as srun starts them (gloo on the CPU)."""
+    job, procs = free_job_id(), []
+    for rank in range(2):
+        slurm = {"SLURM_JOB_ID": str(job), "SLURM_JOB_NODELIST": "localhost"}
+        slurm |= {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2"}
+        slurm |= {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_PROCID": str(rank)}
+        command = [sys.executable, "-m", PACKAGE, "train", *TRAIN, "model.init_from=models/base"]
+        procs.append(
+            subprocess.Popen(
+                [*command, *args],
+                cwd=project,
+                env=cli_env(project, {**slurm, "SLURM_LOCALID": str(rank)}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[str]], codes: tuple[int, int] = (0, 0)) -> str:
+    """Rank 0's output once both ranks ended with `codes`."""
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert tuple(p.returncode for p in procs) == codes, "".join(outs)
+    return outs[0]
+
+
+def stop_after(procs: list[subprocess.Popen[str]], marker: str) -> str:
+    """SIGUSR1 to rank 1 once rank 0 printed `marker`; both must stop for a requeue (3)."""
+    lines, stdout = [], procs[0].stdout
+    assert stdout is not None
+    for line in stdout:
+        lines.append(line)
+        if marker in line:
+            procs[1].send_signal(signal.SIGUSR1)
+            break
+    return "".join(lines) + finish(procs, (3, 3))
+
+
+def final(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = pkg("engine.checkpoint").load_latest(run_dir / "checkpoints")
+    assert state is not None
+    return state["model"]
+
+
+@pytest.mark.slow
+def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
+    hub_project: Path,
+) -> None:
+    runs, fsdp = hub_project / "runs", "dist.strategy=fsdp"
+    whole = finish(two_ranks(hub_project, fsdp, "run.name=whole"))
+    assert "initial weights from" in whole
+    # Each rank read only its slices; ddp reads whole tensors: the same start, the same losses.
+    finish(two_ranks(hub_project, "run.name=ddp"))
+    losses = train_losses(runs / "whole")
+    assert losses == pytest.approx(train_losses(runs / "ddp"), rel=1e-4)
+    assert losses[max(losses)] < losses[1]  # it learns
+
+    out = stop_after(two_ranks(hub_project, fsdp, "run.name=stopped"), "step 6/")
+    assert "stop signal (on another rank)" in out
+    out = finish(two_ranks(hub_project, fsdp, "run.name=stopped"))
+    assert "resumed from step" in out
+    assert_identical(final(runs / "stopped"), final(runs / "whole"))
+
+    done = run_cli("export", "--run", "whole", "--shard-gb", "0.00005", project=hub_project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = runs / "whole" / "export"
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "tokenizer.json", "model.safetensors.index.json"} <= names
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, output_loading_info=True
+    )
+    assert {k: v for k, v in info.items() if v} == {}  # nothing missing, unexpected, mismatched
+    weights = final(runs / "whole")
+    tied = model.config.tie_word_embeddings
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    # The export starts another run as any hub folder does (a one-step segment of it).
+    again = run_cli(
+        "train",
+        *TRAIN,
+        "run.name=again",
+        f"model.init_from={folder}",
+        "run.max_steps_this_segment=1",
+        project=hub_project,
+    )
+    assert f"initial weights from {folder}" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.slow
+# peft reads a property that transformers 5 deprecated; not this project's to fix.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_exports_merged_and_as_peft_adapters(hub_project: Path) -> None:
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    runs, lora = hub_project / "runs", ["task.lora_rank=4", "dist.strategy=fsdp"]
+    finish(two_ranks(hub_project, *lora, "run.name=lora", "run.best_metric=loss"))
+    # Checkpoints and best.pt hold the adapters only; the base is model.init_from's.
+    best = torch.load(runs / "lora" / "best.pt", weights_only=True)
+    assert best["model"] and all(k.startswith("adapters.") for k in best["model"])
+    assert all(k.startswith("adapters.") for k in final(runs / "lora"))
+
+    for extra in ([], ["--adapters"]):
+        done = run_cli("export", "--run", "lora", *extra, project=hub_project)
+        assert done.returncode == 0, done.stdout + done.stderr
+    merged = transformers.AutoModelForCausalLM.from_pretrained(runs / "lora" / "export")
+    base = transformers.AutoModelForCausalLM.from_pretrained(hub_project / "models" / "base")
+    adapted = peft.PeftModel.from_pretrained(base, runs / "lora" / "adapters")
+    ids = torch.arange(40).view(2, 20)
+    with torch.no_grad():
+        plain = transformers.AutoModelForCausalLM.from_pretrained(hub_project / "models" / "base")
+        assert not torch.allclose(merged(ids).logits, plain(ids).logits, atol=1e-4)  # trained
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-4)
