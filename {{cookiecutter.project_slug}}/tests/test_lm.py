@@ -71,11 +71,21 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
     assert result.summary["status"] == "finished"
     assert result.summary["val_perplexity"] > 1
     final = final_weights(lm_project / "runs" / "lora")
-    # The frozen base: exactly the pretrained weights (a checkpoint may leave it out).
+    # The frozen base: exactly the pretrained weights (a checkpoint may leave it out). The
+    # export is the base model with each adapter merged in: W + scale B A, under its names.
     exported = load_file(export.export_run(*export_args(lm_project)) / "model.safetensors")
+    assert exported.keys() == base_weights.keys()
+    layers = {f"{layer}.weight": key for key, layer in tuned.build_model().layers.items()}
+    scale = tuned.options.lora_alpha / tuned.options.lora_rank
     for key, value in base_weights.items():
         assert torch.equal(final.get(f"base.{key}", value), value), key
-        assert torch.equal(exported[f"base.{key}"], value), key
+        merged = value
+        if key in layers:
+            a, b = (final[f"adapters.{layers[key]}.{p}"] for p in "ab")
+            merged = value + scale * (b @ a)
+        torch.testing.assert_close(exported[key], merged, rtol=0, atol=1e-6)
+    assert len(layers) == 4
+    assert not torch.equal(exported["blocks.0.qkv.weight"], base_weights["blocks.0.qkv.weight"])
     adapters = {k: v for k, v in final.items() if k.startswith("adapters.")}
     assert len(adapters) == 2 * 2 * 2  # a and b of qkv and proj in each of the 2 blocks
     assert all(v.abs().sum() > 0 for k, v in adapters.items() if k.endswith(".b"))  # trained

@@ -86,7 +86,7 @@ def test_the_map_names_every_room_and_no_module_is_loose() -> None:
 
 
 # The tasks the template ships (your own tasks may still use the old paths for a release).
-SHIPPED_TASKS = ("digits", "images", "lm", "regression", "my_task")
+SHIPPED_TASKS = ("digits", "images", "lm", "hub_lm", "regression", "my_task")
 
 
 def test_shipped_tasks_import_only_the_api() -> None:

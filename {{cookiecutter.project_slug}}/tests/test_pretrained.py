@@ -124,7 +124,7 @@ def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> 
     out = run_cli("export", "--run", "done", project=project)
     assert out.returncode == 0, out.stderr
     folder = run_dir / "export"
-    assert f"wrote {folder / 'model.safetensors'} (final weights, fp32" in out.stdout
+    assert f"wrote {folder}: model, final weights, fp32" in out.stdout
     written = load_file(folder / "model.safetensors")
     assert_identical(written, final)
     saved = pkg("task").load_config(folder / "config.toml")
@@ -178,5 +178,5 @@ def test_export_without_weights_gets_one_line(project: Path) -> None:
     assert "best.pt: the run kept no best weights (run.best_metric)" in out.stderr
     out = run_cli("export", "--run", "nothing", project=project)
     assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
-    assert "no checkpoint in" in out.stderr
+    assert "no intact checkpoint in" in out.stderr
     assert not (project / "runs" / "plain" / "export").exists()

@@ -123,7 +123,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
     out = args.out or run_dir / ("adapters" if args.adapters else "export")
-    written = export_run(
+    export_run(
         run_dir,
         out,
         settings,
@@ -132,11 +132,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         adapters=args.adapters,
         shard_gb=args.shard_gb,
     )
-    size_mb = sum(path.stat().st_size for path in written) / 1e6
+    weights = sorted(out.glob("*.safetensors"))
+    size_mb = sum(path.stat().st_size for path in weights) / 1e6
     what = "LoRA adapters" if args.adapters else "model"
     print(f"wrote {out}: {what}, {args.weights} weights, {args.dtype}, {size_mb:.1f} MB")
-    for path in written:
-        print(f"  {path.name}")
+    print(f"  {', '.join(path.name for path in sorted(out.iterdir()))}")
     return 0
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -68,6 +68,19 @@ class Datasets:
 @dataclass
 class NoOptions:
     """A task without settings of its own."""
+
+
+@runtime_checkable
+class LowRankAdapted(Protocol):
+    """A model whose linear layers carry low-rank adapters (`blocks/transformer.LoRA` is one).
+
+    `export` merges each adapter into its layer's weight (`W + scale B A`) or writes the
+    adapters as a `peft` folder; the checkpoint names are `base.*` and `adapters.<key>.a|b`.
+    """
+
+    base: nn.Module  # the adapted model (its names, less `base.`, are the export's)
+    adapters: nn.ModuleDict  # key -> a (rank x inputs), b (outputs x rank), rank, alpha, scale
+    layers: dict[str, str]  # adapter key -> the name in `base` of the linear layer it adapts
 
 
 class Task(ABC):

@@ -48,11 +48,11 @@ def parameters_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    nn.Module.register_parameter = on_meta
     try:
         yield
     finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
+        nn.Module.register_parameter = register
 
 
 def local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
@@ -152,7 +152,7 @@ class InitialWeights:
     def _load_target(self, target: nn.Module) -> None:
         """Each tensor of `target` (this process's part of it) from the files."""
         files, rename, source = WeightFiles(self.path), self.task.pretrained_name, self.path
-        state, held = target.state_dict(), set()
+        state, held = target.state_dict(), set[str]()
         missing, shapes, plan = [], [], []
         names = files.names()
         for group in tie_groups(target):

@@ -1,11 +1,11 @@
 """A run's weights on the CPU: the one place that knows where a run keeps them.
 
-`load_weights_for_run` reads a run's final weights (its newest readable checkpoint) or its best
-ones (`best.pt`) whole, through `checkpoint.py`'s public functions, so a change of the checkpoint
-format changes this module only. A checkpoint that leaves out a frozen base (a `frozen` entry
-naming its parameters) is completed from the run's `model.init_from` (`with_frozen_base`).
-Used by `evaluate`. `ModelTensors` reads the same weights a few tensors at a time, never the
-optimizer state: `export` (ops/export.py) streams a model of any size through it.
+`ModelTensors` reads a run's final weights (its newest intact checkpoint) or its best ones
+(`best.pt`) a few tensors at a time, never the optimizer state, through `checkpoint.py`'s
+public functions, so a change of the checkpoint format changes this module only: `export`
+(ops/export.py) streams a model of any size through it. A checkpoint that leaves out a frozen
+base (a `frozen` entry naming its parameters) is completed from the run's `model.init_from`
+(`with_frozen_base`, for `evaluate`, which needs the whole model).
 """
 
 from dataclasses import dataclass
@@ -32,24 +32,6 @@ class RunWeights:
     step: int
     source: Path
     frozen: list[str]  # frozen parameters the checkpoint left out (its model.init_from has them)
-
-
-def load_weights_for_run(run_dir: Path, which: str = "final") -> RunWeights:
-    """The `final` weights (newest readable checkpoint) or the `best` ones (best.pt) of a run."""
-    if which == "best":
-        path = run_dir / "best.pt"
-        if not path.is_file():
-            raise CheckpointError(f"no {path}: the run kept no best weights (run.best_metric)")
-        state = checkpoint.load(path)
-        step = int(state["step"])
-    else:
-        path = run_dir / "checkpoints"
-        latest = checkpoint.load_latest(path)
-        if latest is None:
-            raise CheckpointError(f"no checkpoint in {path}: nothing to export")
-        state, step = latest, int(latest["position"]["step"])
-    frozen = list((state.get("frozen") or {}).get("keys", []))
-    return RunWeights(state["model"], state["config"], step, path, frozen)
 
 
 def with_frozen_base(found: RunWeights, settings: Settings) -> dict[str, torch.Tensor]:

@@ -10,11 +10,11 @@ The folder holds:
 - `config.toml`, the run's configuration (the task's `build_model` rebuilds the network), and
   `export.json`, the record that makes the folder recognisably this run's export.
 
-A LoRA run (`blocks/transformer.LoRA`) is exported merged: each adapted layer's weight plus
-`scale * B A`, under the base model's names, so the folder is an ordinary model. With
-`adapters=True` the adapters alone are written as a `peft` adapter folder
-(`adapter_config.json`, `adapter_model.safetensors`) that `PeftModel.from_pretrained(base,
-out)` loads onto the base model.
+A LoRA run (a `task.LowRankAdapted` model, e.g. `blocks/transformer.LoRA`) is exported
+merged: each adapted layer's weight plus `scale * B A`, under the base model's names, so the
+folder is an ordinary model. With `adapters=True` the adapters alone are written as a `peft`
+adapter folder (`adapter_config.json`, `adapter_model.safetensors`) that
+`PeftModel.from_pretrained(base, out)` loads onto the base model.
 
 Streamed: tensors are read from the checkpoint (engine/run_weights.ModelTensors; never the
 optimizer) and from `model.init_from` (a frozen base) one output shard at a time, so the peak
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..blocks.transformer import LoRA
 from ..config import to_toml
 from ..data.pretrained import INDEX, SINGLE, WeightFiles
 from ..data.processed import swapped_in
@@ -39,7 +38,7 @@ from ..engine.initial_weights import tie_groups
 from ..engine.run_weights import ModelTensors, model_on_meta, target_prefix
 from ..errors import ConfigError
 from ..settings import Settings
-from ..task import Task, config_from_dict
+from ..task import LowRankAdapted, Task, config_from_dict
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 HUB_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # config.json's names
@@ -135,7 +134,7 @@ def _layout(net: nn.Module) -> tuple[list[str], dict[str, str]]:
     """
     first = {group[0] for group in tie_groups(net)}
     names = [n for n in net.state_dict(keep_vars=True) if n in first]
-    if not isinstance(net, LoRA):
+    if not isinstance(net, LowRankAdapted):
         return names, {}
     merges = {f"base.{layer}.weight": key for key, layer in net.layers.items()}
     return [n for n in names if not n.startswith("adapters.")], merges
@@ -162,7 +161,7 @@ def _merged(source: Source, names: list[str], merges: dict[str, str]) -> dict[st
         if name in merges:
             key = f"adapters.{merges[name]}"
             a, b = tensors.pop(f"{key}.a").float(), tensors.pop(f"{key}.b").float()
-            scale = source.net.adapters[merges[name]].scale  # type: ignore[index,union-attr]
+            scale = source.net.adapters[merges[name]].scale
             tensors[name] = tensors[name].float() + scale * (b @ a)
     return tensors
 
@@ -172,7 +171,7 @@ def _write_model(source: Source, tmp: Path, dtype: str, shard_gb: float) -> Iter
     from safetensors.torch import save_file  # noqa: PLC0415  (export only)
 
     names, merges = _layout(source.net)
-    prefix = "base." if isinstance(source.net, LoRA) else ""
+    prefix = "base." if isinstance(source.net, LowRankAdapted) else ""
     shapes = {**source.ckpt.shapes, **{n: list(p.shape) for n, p in source.net.named_parameters()}}
     width = torch.finfo(DTYPES[dtype]).bits // 8
     sizes = {n: width * int(torch.Size(shapes[n]).numel()) for n in names}
@@ -196,7 +195,7 @@ def _write_adapters(source: Source, tmp: Path, dtype: str) -> Iterator[Path]:
     from safetensors.torch import save_file  # noqa: PLC0415  (export only)
 
     net = source.net
-    if not isinstance(net, LoRA):
+    if not isinstance(net, LowRankAdapted):
         raise ConfigError("--adapters: the run trained no LoRA adapters (task.lora_rank = 0)")
     tensors = source.read([f"adapters.{key}.{p}" for key in net.layers for p in "ab"])
     out, ranks = {}, set()
@@ -249,8 +248,8 @@ def export_run(
     *,
     adapters: bool = False,
     shard_gb: float = 5.0,
-) -> list[Path]:
-    """Write the model folder (or, with `adapters`, the adapter folder); the files written.
+) -> Path:
+    """Write the model folder (or, with `adapters`, the adapter folder); return `out_dir`.
 
     Written into a temporary folder beside `out_dir` and renamed into place: an interrupted
     export leaves the previous one (or none), never half a folder. `out_dir` must be new or an
@@ -263,14 +262,14 @@ def export_run(
     record = {"run": run_dir.name, "step": source.ckpt.step, "weights": which, "dtype": dtype}
     with swapped_in(out_dir) as tmp:
         if adapters:
-            written = [*_write_adapters(source, tmp, dtype)]
+            list(_write_adapters(source, tmp, dtype))
         else:
-            written = [*_write_model(source, tmp, dtype, shard_gb)]
-            written += [*_hub_files(source, tmp, dtype)]
+            list(_write_model(source, tmp, dtype, shard_gb))
+            list(_hub_files(source, tmp, dtype))
         (tmp / "config.toml").write_text(to_toml(source.cfg), encoding="utf-8")
         record["adapters"] = adapters
         (tmp / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
         for path in tmp.iterdir():
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-    return [out_dir / path.name for path in written]
+    return out_dir
