@@ -12,8 +12,8 @@ for 1 and `--processes` processes on this machine (gloo on the CPU), each proces
 - `sliced`: `model.init_from` as the trainer does it now (engine/initial_weights.py): every
   process builds on the meta device and reads only its own slices.
 
-For each it prints the peak host memory the set-up added per process (VmHWM, Linux) and the
-seconds it took; the last line holds the ratios side by side:
+For each it prints the peak host memory the set-up added per process (anonymous memory,
+sampled; Linux) and the seconds it took; the last line holds the ratios side by side:
 
     hub load: <P> processes <GB> GB model | rank 0 whole=<MiB> sliced=<MiB> (<x>) | ...
 
@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,10 +66,35 @@ def make_folder(folder: Path, args: argparse.Namespace) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
-def _memory_kib(field: str) -> int:
+def _anon_kib() -> int:
+    """This process's anonymous resident memory (Linux), in KiB.
+
+    Not VmRSS: pages of a memory-mapped safetensors file count there while they are read,
+    though the kernel may drop them at any time; the memory a process really holds is anon.
+    """
     status = Path("/proc/self/status").read_text(encoding="utf-8")
-    found = re.search(rf"{field}:\s+(\d+) kB", status)
+    found = re.search(r"RssAnon:\s+(\d+) kB", status)
     return int(found[1]) if found else 0
+
+
+class PeakAnon:
+    """The highest anonymous memory while it runs (sampled every millisecond)."""
+
+    def __enter__(self) -> "PeakAnon":
+        self.before = self.peak = _anon_kib()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.001):
+            self.peak = max(self.peak, _anon_kib())
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, _anon_kib())
 
 
 def _rank(rank: int, world: int, port: int, mode: str, folder: Path, out: Path) -> None:
@@ -83,17 +109,17 @@ def _rank(rank: int, world: int, port: int, mode: str, folder: Path, out: Path) 
     cfg = load(None, [*common, f"model.init_from={folder}"])
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
     plain = load(None, common)  # the strategy of `whole` knows no init_from
-    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # peak := now (Linux)
-    before, start = _memory_kib("VmRSS"), time.perf_counter()
-    if mode == "sliced":
-        strategy.create(cfg, denv, torch.device("cpu")).setup(task)
-    else:
-        net, _ = strategy.create(plain, denv, torch.device("cpu")).setup(task)
-        weights = pkg("data.pretrained").read_weights(folder)
-        pkg("engine.checkpoint").load_model(task.pretrained_target(net), weights, "whole")
-        del weights
-    distributed.barrier()
-    found = {"mib": (_memory_kib("VmHWM") - before) / 1024, "s": time.perf_counter() - start}
+    start = time.perf_counter()
+    with PeakAnon() as memory:
+        if mode == "sliced":
+            strategy.create(cfg, denv, torch.device("cpu")).setup(task)
+        else:
+            net, _ = strategy.create(plain, denv, torch.device("cpu")).setup(task)
+            weights = pkg("data.pretrained").read_weights(folder)
+            pkg("engine.checkpoint").load_model(task.pretrained_target(net), weights, "whole")
+            del weights
+        distributed.barrier()
+    found = {"mib": (memory.peak - memory.before) / 1024, "s": time.perf_counter() - start}
     (out / f"{mode}-{world}-{rank}.json").write_text(json.dumps(found), encoding="utf-8")
     distributed.shutdown()
 
