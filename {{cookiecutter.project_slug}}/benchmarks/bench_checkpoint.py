@@ -13,6 +13,10 @@ moments. The trainer's checkpoint layer (`checkpoint_io.Checkpointer`) then, for
 - `load`: reading the newest checkpoint and loading it into the model and optimizer, as a
   resumed run does.
 
+`plan`'s estimate stands beside each: `ops/plan.save_speed` saves and loads a `--plan-mb`
+sample through the same code, and the save and load times it predicts for this size are
+printed with their ratio to the measured ones.
+
 Then the fsdp format's blocking save with one writer thread per process against
 `checkpoint_io.WRITE_THREADS`, interleaved round by round (the best of `--rounds` each).
 
@@ -53,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=4096, help="tower width")
     parser.add_argument("--depth", type=int, default=4, help="tower blocks")
     parser.add_argument("--rounds", type=int, default=2, help="blocking saves; the best counts")
+    parser.add_argument("--plan-mb", type=int, default=128, help="plan's sample (its --disk-mb)")
     return parser.parse_args()
 
 
@@ -114,7 +119,11 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
 
     loaded = timed(device, load)
     saver.close()
+    # `plan`'s estimate: a sample saved and loaded the same way, scaled to this size.
+    write, read = pkg("ops.plan").save_speed(cfg, runs / f"plan-{name}", args.plan_mb)
     return {
+        "plan_save": size / write,
+        "plan_load": size / read,
         "gib": size / 2**30,
         "save": blocking,
         "gbs": size / 1e9 / blocking,
@@ -137,7 +146,9 @@ def main() -> None:
                 f"{name:5s} on {device.type}: checkpoint {f['gib']:.2f} GiB; blocking save "
                 f"{f['save']:.2f} s ({f['gbs']:.2f} GB/s); background save holds training "
                 f"{f['held']:.2f} s (the first {f['first']:.2f} s) and is written "
-                f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s",
+                f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s; plan "
+                f"predicted save {f['plan_save']:.2f} s ({f['plan_save'] / f['save']:.2f}x), "
+                f"load {f['plan_load']:.2f} s ({f['plan_load'] / f['load']:.2f}x)",
                 flush=True,
             )
         threads = {count: [] for count in (1, checkpoint_io.WRITE_THREADS)}
@@ -158,7 +169,8 @@ def main() -> None:
         "checkpoint: "
         + " | ".join(
             f"{name} {f['gib']:.2f} GiB save={f['save']:.2f} s ({f['gbs']:.2f} GB/s) "
-            f"held={f['held']:.2f} s load={f['load']:.2f} s"
+            f"held={f['held']:.2f} s load={f['load']:.2f} s "
+            f"plan/save={f['plan_save'] / f['save']:.2f} plan/load={f['plan_load'] / f['load']:.2f}"
             for name, f in found.items()
         )
     )

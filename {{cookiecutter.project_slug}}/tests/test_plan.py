@@ -61,6 +61,7 @@ def tips(
     footprint: float = 1e9,
     save_s: float | None = None,
     home: bool = False,
+    every_minutes: float = 30.0,
 ) -> str:
     """The advice for a model of `params` parameters (all trainable unless said)."""
     model = plan.Model(int(params), int(trainable or params), 0, int(params / 32))
@@ -68,7 +69,14 @@ def tips(
     ddp = plan.state_bytes(model, "ddp", gpus, 2)
     fsdp = plan.state_bytes(model, "fsdp", gpus, 2)
     found = plan.advice(
-        model, cluster, ddp=ddp, fsdp=fsdp, footprint=footprint, save_s=save_s, runs_in_home=home
+        model,
+        cluster,
+        ddp=ddp,
+        fsdp=fsdp,
+        footprint=footprint,
+        save_s=save_s,
+        runs_in_home=home,
+        every_minutes=every_minutes,
     )
     return "\n".join(found)
 
@@ -96,6 +104,9 @@ def test_advice_follows_the_arithmetic() -> None:
 def test_advice_on_save_time_and_where_runs_live() -> None:
     assert "checkpoints: a save takes about 45 s" in tips(1e8, 1, 40, save_s=45.0)
     assert "checkpoints" not in tips(1e8, 1, 40, save_s=10.0)
+    often = tips(1e8, 1, 40, save_s=25.0, every_minutes=0.5)  # a save every 30 s that takes 25
+    assert "run.checkpoint_every_minutes=0.5 is close to a save (25 s)" in often
+    assert "checkpoints" not in tips(1e8, 1, 40, save_s=25.0, every_minutes=0)  # off
     home = tips(1e8, 1, 40, home=True, footprint=20e9)  # half the 40 GB quota
     assert "storage: the run's checkpoints take 20.0 GB, too much for the 40 GB $HOME" in home
     assert "RUNS_DIR" in home
@@ -120,10 +131,25 @@ def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> 
     assert f"{params:,} parameters, {params:,} trainable" in out.stdout
     assert "partition grete: 2 node(s) x 4 GPU(s), 40 GB each" in out.stdout
     assert f"ddp    {16 * params / GB:10.3f} GB" in out.stdout
-    assert "MB/s writing 8 MB to" in out.stdout
+    assert (
+        "MB/s saving, " in out.stdout and "loading a 8 MB sample as ddp checkpoints" in out.stdout
+    )
     assert "strategy: ddp (the default) fits" in out.stdout
-    assert [p.name for p in (project / "runs").iterdir()] == []  # the speed test's file is gone
+    assert [p.name for p in (project / "runs").iterdir()] == []  # the speed test's files are gone
+    fsdp = run_cli("plan", *args[:2], "dist.strategy=fsdp", *args[2:], project=project)
+    assert "sample as fsdp checkpoints are (checksums, fsync)" in fsdp.stdout, fsdp.stderr
+    assert [p.name for p in (project / "runs").iterdir()] == []
     out = run_cli("plan", *args, "--gpus", "1", "--gpu-memory", "94", project=project)
     assert "1 node(s) x 1 GPU(s), 94 GB each" in out.stdout
     out = run_cli("plan", *args, "--gpus", "-2", project=project)
-    assert (out.returncode, out.stderr) == (2, "error: --gpus: must be >= 0, got -2\n")
+    assert (out.returncode, out.stderr) == (
+        2,
+        "error: --gpus: must be between 0 and 100000, got -2\n",
+    )
+    for flag, value in (("--gpus", "1000000000"), ("--gpu-memory", "nan"), ("--gpu-memory", "inf")):
+        out = run_cli("plan", *args, flag, value, project=project)
+        assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
+        assert f"error: {flag}: must be between 0 and" in out.stderr
+    out = run_cli("plan", *args[:2], "--disk-mb", "9000000", project=project)
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
+    assert "--disk-mb: 9000000 MB is more than half of the" in out.stderr

@@ -160,10 +160,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Memory per GPU under ddp and fsdp, checkpoint size and save time, and advice."""
-    for option in ("gpus", "gpu_memory", "disk_mb"):
-        if getattr(args, option) < 0:
+    # Bounds that no cluster exceeds: a typo (1e9 GPUs, inf GB) is one line, not a plan.
+    for option, most in (("gpus", 100_000), ("gpu_memory", 10_000.0), ("disk_mb", 10**7)):
+        value = getattr(args, option)
+        if not 0 <= value <= most:  # also NaN
             flag = "--" + option.replace("_", "-")
-            raise ConfigError(f"{flag}: must be >= 0, got {getattr(args, option)}")
+            raise ConfigError(f"{flag}: must be between 0 and {most:g}, got {value}")
     settings = get_settings()
     cfg = _config(args, settings)
     from .ops.plan import read_cluster, run_plan  # noqa: PLC0415  (imports torch)

@@ -21,6 +21,7 @@ import sys
 import uuid
 import warnings
 from collections.abc import Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -98,14 +99,27 @@ def run_id(run_dir: Path) -> str:
 
 
 class _HashingFile:
-    """A binary file that computes the SHA-256 of what is written through it."""
+    """A binary file that computes the SHA-256 of what is written through it.
 
-    def __init__(self, f: BinaryIO) -> None:
-        self.f, self.sha = f, hashlib.sha256()
+    A large piece (a tensor's bytes) is hashed in a second thread while this one writes it:
+    hashlib and the file write both release the GIL, so a save takes the longer of the two
+    rather than their sum. The piece is not changed until both are done.
+    """
+
+    PARALLEL = 1 << 20  # pieces from 1 MiB on; smaller ones are hashed in line
+
+    def __init__(self, f: BinaryIO, pool: ThreadPoolExecutor) -> None:
+        self.f, self.sha, self.pool = f, hashlib.sha256(), pool
 
     def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        return self.f.write(data)
+        if len(data) < self.PARALLEL:
+            self.sha.update(data)
+            return self.f.write(data)
+        hashed = self.pool.submit(self.sha.update, data)
+        try:
+            return self.f.write(data)
+        finally:
+            hashed.result()
 
     def flush(self) -> None:
         self.f.flush()
@@ -113,8 +127,8 @@ class _HashingFile:
 
 def _write(obj: Any, tmp: Path) -> str:
     """torch.save `obj` to `tmp`, flushed to disk; its SHA-256, computed while writing."""
-    with tmp.open("wb") as f:
-        out = _HashingFile(f)  # no second read of a large file
+    with tmp.open("wb") as f, ThreadPoolExecutor(1, thread_name_prefix="digest") as pool:
+        out = _HashingFile(f, pool)  # no second read of a large file
         torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())

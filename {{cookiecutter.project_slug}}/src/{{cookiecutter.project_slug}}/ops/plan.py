@@ -15,8 +15,9 @@ The cluster's facts come from `configs/cluster.toml` (generated from the cluster
 GPUs per node, nodes, memory of one GPU and the `$HOME` quota.
 """
 
-import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,9 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..engine.checkpoint_io import Checkpointer
+from ..engine.distributed import DistEnv
+from ..engine.strategy import create
 from ..errors import ConfigError
 from ..settings import Settings
 from ..task import load_task
@@ -133,22 +137,37 @@ def checkpoint_bytes(model: Model) -> float:
     return float(12 * model.trainable + model.buffer_bytes)
 
 
-def disk_speed(folder: Path, megabytes: int) -> float:
-    """Bytes per second of writing `megabytes` into `folder`, fsync'd (the file is removed)."""
+def save_speed(cfg: Config, folder: Path, megabytes: int) -> tuple[float, float]:
+    """Bytes per second of saving and of loading a sample through the checkpoint code itself.
+
+    The sample, `megabytes` of random fp32 tensors (random: a compressing file system cannot
+    shortcut it), is saved as `dist.strategy` saves a checkpoint (`checkpoint_io.Checkpointer`:
+    one file, or DCP shards from parallel writer threads; checksums, fsync, rename) and
+    loaded as a resume loads it (checksums verified), in a temporary folder in `folder`
+    that is removed after. So the figure holds the digest and the format, not only the disk.
+    """
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f".plan-speed-{os.getpid()}"
-    chunk = os.urandom(4 << 20)  # random: a compressing file system cannot shortcut it
-    try:
+    free = shutil.disk_usage(folder).free
+    if megabytes * 1e6 > free / 2:
+        raise ConfigError(
+            f"--disk-mb: {megabytes} MB is more than half of the {free / 1e6:.0f} MB free in "
+            f"{folder}; measure with less"
+        )
+    floats = megabytes * 250_000  # fp32 values in `megabytes`, in tensors of up to 64 MB
+    chunks = [min(16 << 20, floats - i) for i in range(0, floats, 16 << 20)]
+    net = nn.ParameterList(nn.Parameter(torch.rand(n)) for n in chunks)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.0)  # no state: the sample is the weights
+    denv = DistEnv()
+    strategy = create(cfg, denv, torch.device("cpu"))
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".plan-") as tmp:
+        writer = Checkpointer(Path(tmp), strategy, denv, keep=1, say=lambda _: None)
         start = time.perf_counter()
-        with path.open("wb") as f:
-            for _ in range(max(1, megabytes // 4)):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        seconds = time.perf_counter() - start
-    finally:
-        path.unlink(missing_ok=True)
-    return max(1, megabytes // 4) * len(chunk) / seconds
+        writer.save(1, net, optimizer, {"config": {}}, background=False)
+        saved = time.perf_counter()
+        writer.load_latest(net, optimizer)
+        loaded = time.perf_counter()
+    size = 4 * sum(chunks)
+    return size / (saved - start), size / (loaded - saved)
 
 
 def advice(
@@ -160,6 +179,7 @@ def advice(
     footprint: float,
     save_s: float | None,
     runs_in_home: bool,
+    every_minutes: float = 0.0,
 ) -> list[str]:
     """What to do, given the arithmetic: strategy, checkpointing, LoRA, where runs live."""
     tips = []
@@ -196,6 +216,11 @@ def advice(
             f"LoRA: with the base frozen the state is about {lora / GB:.1f} GB per GPU under ddp "
             f"(4 B/param), {lora / cluster.world / GB:.1f} GB under fsdp, plus the adapters; "
             "the lm example's task.lora_rank shows how"
+        )
+    if save_s is not None and 0 < every_minutes * 60 < 2 * save_s:
+        tips.append(
+            f"checkpoints: run.checkpoint_every_minutes={every_minutes:g} is close to a save "
+            f"({save_s:.0f} s): training would spend much of its time saving; raise it"
         )
     if save_s is not None and save_s > GRACE_S / 2:
         tips.append(
@@ -249,16 +274,24 @@ def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) ->
     )
     save_s = None
     if disk_mb > 0:
-        speed = disk_speed(runs, disk_mb)
-        save_s = ckpt / speed
+        write, read = save_speed(cfg, runs, disk_mb)
+        save_s = ckpt / write
         print(
-            f"disk     {speed / 1e6:.0f} MB/s writing {disk_mb} MB to {runs} (fsync'd): "
-            f"a checkpoint takes about {save_s:.1f} s"
+            f"disk     {write / 1e6:.0f} MB/s saving, {read / 1e6:.0f} MB/s loading a {disk_mb} MB "
+            f"sample as {cfg.dist.strategy} checkpoints are (checksums, fsync) in {runs}: "
+            f"a checkpoint takes about {save_s:.1f} s, a resume reads it in {ckpt / read:.1f} s"
         )
     home = Path.home().resolve()
     in_home = runs.resolve().is_relative_to(home)
     tips = advice(
-        model, cluster, ddp=ddp, fsdp=fsdp, footprint=footprint, save_s=save_s, runs_in_home=in_home
+        model,
+        cluster,
+        ddp=ddp,
+        fsdp=fsdp,
+        footprint=footprint,
+        save_s=save_s,
+        runs_in_home=in_home,
+        every_minutes=cfg.run.checkpoint_every_minutes,
     )
     print("advice")
     for tip in tips:
