@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,20 @@ class PeakAnon:
         self.peak = max(self.peak, _anon_kib())
 
 
-def _rank(rank: int, world: int, port: int, mode: str, folder: Path, out: Path) -> None:
-    """One process: the set-up of `mode`; writes its peak memory and seconds."""
+@dataclass
+class Job:
+    """What each process of one measurement is told."""
+
+    world: int
+    port: int
+    mode: str  # whole | sliced
+    folder: Path  # the hub folder
+    out: Path  # where each process writes its figures
+
+
+def _rank(rank: int, job: Job) -> None:
+    """One process: the set-up of `job.mode`; writes its peak memory and seconds."""
+    world, port, mode, folder, out = job.world, job.port, job.mode, job.folder, job.out
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROJECT_ROOT=str(out))
     distributed, strategy = pkg("engine.distributed"), pkg("engine.strategy")
     launcher = "torchrun" if world > 1 else "single"
@@ -134,7 +147,7 @@ def main() -> None:
         line = []
         for world in sorted({1, args.processes}):
             for mode in ("whole", "sliced"):
-                mp.spawn(_rank, args=(world, port, mode, folder, out), nprocs=world)
+                mp.spawn(_rank, args=(Job(world, port, mode, folder, out),), nprocs=world)
                 port += 1
             for rank in range(world):
                 whole, sliced = (

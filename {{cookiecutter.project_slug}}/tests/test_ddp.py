@@ -148,3 +148,46 @@ def test_two_ranks_finish_with_figures(project: Path) -> None:
     out = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "".join(out)
     assert (project / "reports" / "figures" / "ddp" / "confusion_matrix.png").is_file()
+
+
+CONTRASTIVE = ["task.name=toy_tasks.contrastive", "run.log_every_steps=1"]  # 6 x 16 steps
+
+
+def ended(procs: list[subprocess.Popen[str]], codes: tuple[int, int] = (0, 0)) -> str:
+    """Rank 0's output once both ranks ended with `codes`."""
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert tuple(p.returncode for p in procs) == codes, "".join(outs)
+    return outs[0]
+
+
+def test_gathered_negatives_over_two_ranks_match_one_process_and_resume_exactly(
+    project: Path,
+) -> None:
+    # 2 x 16 rows with every rank's rows as negatives: the loss and trajectory of 1 x 32.
+    ended(srun_like(project, free_job_id(), *CONTRASTIVE))
+    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    single = [*ARGS[1:-1], *CONTRASTIVE, "train.batch_size=32", "run.name=single"]
+    assert train(load(None, single)).exit_code == 0
+    runs = project / "runs"
+    gathered, one = train_losses(runs / "ddp"), train_losses(runs / "single")
+    assert len(gathered) == 96
+    assert gathered == pytest.approx(one, rel=1e-5)
+    # Each rank's own 16 rows only: the easier task of fewer negatives, another loss.
+    ended(srun_like(project, free_job_id(), *CONTRASTIVE, "task.gather=false", "run.name=own"))
+    assert train_losses(runs / "own")[1] < gathered[1] - 0.1
+
+    # Stopped by a signal to one rank and resumed: the weights of the run without a stop.
+    procs = srun_like(project, free_job_id(), *CONTRASTIVE, "run.name=stopped")
+    stdout = procs[0].stdout
+    assert stdout is not None
+    for line in stdout:
+        if "step 5/" in line:
+            procs[1].send_signal(signal.SIGUSR1)
+            break
+    ended(procs, (3, 3))
+    out = ended(srun_like(project, free_job_id(), *CONTRASTIVE, "run.name=stopped"))
+    assert "resumed from step" in out
+    resumed = checkpoint.load_latest(runs / "stopped" / "checkpoints")["model"]
+    whole = checkpoint.load_latest(runs / "ddp" / "checkpoints")["model"]
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)

@@ -9,6 +9,8 @@ edit to your research code. What each name is:
   numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
   a few shards);
 - models: `build_model` (`models.py`, yours), `CausalLM` and `LoRA` (`blocks/transformer.py`);
+- processes that talk: `gather_with_grad` (every process's rows of a tensor, with gradients:
+  in-batch negatives over the global batch);
 - pretrained weights: `read_weights` (a safetensors file, a hub folder or a PyTorch file) and
   `INDEX`, the file name of a sharded hub folder's index;
 - errors that stop a command with one line: `ConfigError` (a bad setting), `DataError` (bad
@@ -18,6 +20,7 @@ edit to your research code. What each name is:
 from .blocks.transformer import CausalLM, LoRA
 from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
+from .engine.distributed import gather_with_grad
 from .errors import ConfigError, DataError
 from .models import build_model
 from .task import (
@@ -46,6 +49,7 @@ __all__ = [
     "Task",
     "build_model",
     "class_labels",
+    "gather_with_grad",
     "read_weights",
     "sample_generator",
     "split_indices",

@@ -277,6 +277,23 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
+    """Every process's `tensor`, concatenated along dim 0 in rank order, gradients included.
+
+    For a loss over the global batch rather than each process's share: in-batch negatives of
+    a contrastive loss, a batch-wide normalisation. Each process computes its loss from its
+    own rows against all of them; the backward pass sends every process the gradient of its
+    own rows from all processes' losses, and DDP's average then equals the gradient of the
+    mean loss over the global batch. All processes must call it with the same shape but for
+    dim 0. One process: `tensor` itself.
+    """
+    if not _active() or dist.get_world_size() == 1:
+        return tensor
+    from torch.distributed.nn.functional import all_gather  # noqa: PLC0415  (used rarely)
+
+    return torch.cat(all_gather(tensor), dim=0)
+
+
 def warn_unlaunched(env: Mapping[str, str], denv: DistEnv) -> str | None:
     """A hint when the job asked for several tasks but this process was not started by srun."""
     ntasks = int(env.get("SLURM_NTASKS", "1") or 1)
