@@ -296,6 +296,21 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     return None
 
 
+def misfit(
+    source: str, missing: list[str], unexpected: list[str], shapes: list[str]
+) -> CheckpointError:
+    """The one-line error for weights that do not fit a model: the first few of each kind."""
+    parts = [
+        f"missing {', '.join(missing[:3])}" if missing else "",
+        f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
+        f"shape {'; '.join(shapes[:3])}" if shapes else "",
+    ]
+    return CheckpointError(
+        f"{source}: weights do not fit the configured model "
+        f"({'; '.join(p for p in parts if p)}); was the model or task changed?"
+    )
+
+
 def load_model(
     model: nn.Module, weights: dict[str, Any], source: str, skip: Collection[str] = ()
 ) -> None:
@@ -312,16 +327,7 @@ def load_model(
         if k in weights and weights[k].shape != v.shape
     ]
     if missing or unexpected or shapes:
-        parts = [
-            f"missing {', '.join(missing[:3])}" if missing else "",
-            f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
-            f"shape {'; '.join(shapes[:3])}" if shapes else "",
-        ]
-        problems = "; ".join(p for p in parts if p)
-        raise CheckpointError(
-            f"{source}: weights do not fit the configured model ({problems}); "
-            "was the model or task changed?"
-        )
+        raise misfit(source, missing, unexpected, shapes)
     # A sharded model (fsdp) takes each process's slice of a whole tensor, cut locally: with
     # a memory-mapped file only that slice is read, and no rank needs a full copy in memory.
     weights = {

@@ -29,8 +29,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..data.pretrained import FIELD, WeightFiles
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..task import Task
+from .checkpoint import misfit
 
 
 @contextmanager
@@ -123,8 +124,7 @@ class InitialWeights:
                 ]
                 if not own:
                     continue
-                reset = getattr(module, "reset_parameters", None)
-                if reset is None:
+                if not hasattr(module, "reset_parameters"):
                     raise ConfigError(
                         f"{FIELD}: {prefix}.{own[0][0]} is not in the pretrained part "
                         f"(Task.pretrained_target) and {type(module).__name__} has no "
@@ -167,15 +167,7 @@ class InitialWeights:
             plan.append((found[0], tensor))
         unexpected = sorted(names - held)
         if missing or unexpected or shapes:
-            parts = [
-                f"missing {', '.join(missing[:3])}" if missing else "",
-                f"unexpected {', '.join(unexpected[:3])}" if unexpected else "",
-                f"shape {'; '.join(shapes[:3])}" if shapes else "",
-            ]
-            raise CheckpointError(
-                f"{FIELD} {source}: weights do not fit the configured model "
-                f"({'; '.join(p for p in parts if p)}); was the model or task changed?"
-            )
+            raise misfit(f"{FIELD} {source}", missing, unexpected, shapes)
         for name, tensor in plan:
             local, index = local_part(tensor)
             if local.numel():
