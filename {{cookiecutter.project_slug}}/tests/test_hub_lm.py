@@ -129,7 +129,34 @@ def final(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+def exported_and_loaded(project: Path, run: str) -> Path:
+    """`export` of `run` in shards; it loads into transformers whole and equal to the run."""
+    done = run_cli("export", "--run", run, "--shard-gb", "0.00005", project=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project / "runs" / run / "export"
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "tokenizer.json", "model.safetensors.index.json"} <= names
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, output_loading_info=True
+    )
+    assert {k: v for k, v in info.items() if v} == {}  # nothing missing, unexpected, mismatched
+    weights = final(project / "runs" / run)
+    tied = model.config.tie_word_embeddings
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    return folder
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("hub_project", ["untied"], indirect=True)
+def test_an_untied_model_trains_sharded_and_exports(hub_project: Path) -> None:
+    finish(two_ranks(hub_project, "dist.strategy=fsdp", "run.name=untied"))
+    exported_and_loaded(hub_project, "untied")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hub_project", ["tied"], indirect=True)
 def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
     hub_project: Path,
 ) -> None:
@@ -148,20 +175,7 @@ def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
     assert "resumed from step" in out
     assert_identical(final(runs / "stopped"), final(runs / "whole"))
 
-    done = run_cli("export", "--run", "whole", "--shard-gb", "0.00005", project=hub_project)
-    assert done.returncode == 0, done.stdout + done.stderr
-    folder = runs / "whole" / "export"
-    names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "tokenizer.json", "model.safetensors.index.json"} <= names
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, output_loading_info=True
-    )
-    assert {k: v for k, v in info.items() if v} == {}  # nothing missing, unexpected, mismatched
-    weights = final(runs / "whole")
-    tied = model.config.tie_word_embeddings
-    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, weights[name]), name
+    folder = exported_and_loaded(hub_project, "whole")
     # The export starts another run as any hub folder does (a one-step segment of it).
     again = run_cli(
         "train",
