@@ -13,9 +13,14 @@ moments. The trainer's checkpoint layer (`checkpoint_io.Checkpointer`) then, for
 - `load`: reading the newest checkpoint and loading it into the model and optimizer, as a
   resumed run does.
 
-`plan`'s estimate stands beside each: `ops/plan.save_speed` saves and loads a `--plan-mb`
-sample through the same code, and the save and load times it predicts for this size are
-printed with their ratio to the measured ones.
+Beside each save and load stands the disk itself, measured the same way in the same folder:
+`disk` writes the checkpoint's size of random bytes sequentially in one file and fsyncs it,
+then reads it back; the ratios save/disk and load/disk are the figures to hold at 0.7 or
+more. A digest line times the checksums on one core (SHA-256, CRC-32, xxh3-128: the one
+checkpoints use) against the disk's write speed. `plan`'s estimate stands beside each:
+`ops/plan.save_speed` saves and loads a `--plan-mb` sample through the same code, and the
+save and load times it predicts for this size are printed with their ratio to the measured
+ones.
 
 Then the fsdp format's blocking save with one writer thread per process against
 `checkpoint_io.WRITE_THREADS`, interleaved round by round (the best of `--rounds` each).
@@ -24,15 +29,19 @@ Then the fsdp format's blocking save with one writer thread per process against
 one blocking save before the time limit, and more where the disk is shared. With background
 saves, checkpoints further apart than `behind` hold training only for `held`. The last line is
 
-    checkpoint: <strategy> <GiB> GiB save=<s> s (<GB/s> GB/s) held=<s> s load=<s> s | ...
+    checkpoint: <strategy> <GiB> GiB save=<s> s (<GB/s> GB/s) save/disk=<r> held=<s> s
+    load=<s> s load/disk=<r> plan/save=<r> plan/load=<r> | ...
 
 Usage: python benchmarks/bench_checkpoint.py [--device auto] [--width 4096] [--depth 4]
 """
 
 import argparse
+import hashlib
+import os
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +50,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # the test tasks (toy_tasks.tower)
 
 import torch  # noqa: E402
+import xxhash  # noqa: E402
 
 from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
@@ -73,6 +83,40 @@ def timed(device: torch.device, work: Callable[[], None]) -> float:
     work()
     sync(device)
     return time.perf_counter() - start
+
+
+def disk(folder: Path, size: int, rounds: int) -> tuple[float, float]:
+    """Bytes per second of a plain sequential write (fsync'd) and read of `size` bytes."""
+    block = os.urandom(64 << 20)  # random: a compressing file system cannot shortcut it
+    path = folder / "disk-probe"
+    writes, reads = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        with path.open("wb") as f:
+            for offset in range(0, size, len(block)):
+                f.write(block[: size - offset])
+            f.flush()
+            os.fsync(f.fileno())
+        writes.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with path.open("rb") as f:
+            while f.read(8 << 20):
+                pass
+        reads.append(time.perf_counter() - start)
+    path.unlink()
+    return size / min(writes), size / min(reads)
+
+
+def digest_speeds() -> dict[str, float]:
+    """Bytes per second of each checksum on one core, over 256 MiB in memory."""
+    data = os.urandom(256 << 20)
+    hashes = {
+        "sha256": lambda: hashlib.sha256(data).digest(),
+        "crc32": lambda: zlib.crc32(data),
+        "xxh3_128": lambda: xxhash.xxh3_128(data).digest(),
+    }
+    cpu = torch.device("cpu")
+    return {name: len(data) / min(timed(cpu, f) for _ in range(3)) for name, f in hashes.items()}
 
 
 def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Path) -> dict:
@@ -119,6 +163,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
 
     loaded = timed(device, load)
     saver.close()
+    disk_write, disk_read = disk(runs, size, args.rounds)
     # `plan`'s estimate: a sample saved and loaded the same way, scaled to this size.
     write, read = pkg("ops.plan").save_speed(cfg, runs / f"plan-{name}", args.plan_mb)
     return {
@@ -127,11 +172,20 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
         "gib": size / 2**30,
         "save": blocking,
         "gbs": size / 1e9 / blocking,
+        "disk_write": disk_write,
+        "disk_read": disk_read,
         "first": held[0],
         "held": held[1],
         "behind": behind[1],
         "load": loaded,
     }
+
+
+def ratio(found: dict, what: str) -> str:
+    """The throughput of a save or load as a share of the disk's (write or read)."""
+    size = found["gib"] * 2**30
+    speed = found["disk_write"] if what == "save" else found["disk_read"]
+    return f"{size / found[what] / speed:.2f}"
 
 
 def main() -> None:
@@ -144,9 +198,11 @@ def main() -> None:
             found[name] = f = measure(args, name, device, Path(tmp))
             print(
                 f"{name:5s} on {device.type}: checkpoint {f['gib']:.2f} GiB; blocking save "
-                f"{f['save']:.2f} s ({f['gbs']:.2f} GB/s); background save holds training "
+                f"{f['save']:.2f} s ({f['gbs']:.2f} GB/s, {ratio(f, 'save')} of the disk's "
+                f"{f['disk_write'] / 1e9:.2f} GB/s); background save holds training "
                 f"{f['held']:.2f} s (the first {f['first']:.2f} s) and is written "
-                f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s; plan "
+                f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s "
+                f"({ratio(f, 'load')} of the disk's {f['disk_read'] / 1e9:.2f} GB/s read); plan "
                 f"predicted save {f['plan_save']:.2f} s ({f['plan_save'] / f['save']:.2f}x), "
                 f"load {f['plan_load']:.2f} s ({f['plan_load'] / f['load']:.2f}x)",
                 flush=True,
@@ -165,11 +221,20 @@ def main() -> None:
             f"fsdp save: {default} writer threads {many:.2f} s, 1 thread {one:.2f} s: "
             f"{one / many:.2f}x"
         )
+    speeds = digest_speeds()
+    write = max(f["disk_write"] for f in found.values())
+    print(
+        "digest on one core: "
+        + ", ".join(f"{name} {rate / 1e9:.2f} GB/s" for name, rate in speeds.items())
+        + f"; the disk writes {write / 1e9:.2f} GB/s: checkpoints use {checkpoint.DIGEST} "
+        f"({speeds[checkpoint.DIGEST] / write:.1f}x the disk)"
+    )
     print(
         "checkpoint: "
         + " | ".join(
             f"{name} {f['gib']:.2f} GiB save={f['save']:.2f} s ({f['gbs']:.2f} GB/s) "
-            f"held={f['held']:.2f} s load={f['load']:.2f} s "
+            f"save/disk={ratio(f, 'save')} held={f['held']:.2f} s load={f['load']:.2f} s "
+            f"load/disk={ratio(f, 'load')} "
             f"plan/save={f['plan_save'] / f['save']:.2f} plan/load={f['plan_load'] / f['load']:.2f}"
             for name, f in found.items()
         )

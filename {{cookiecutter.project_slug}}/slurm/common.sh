@@ -299,6 +299,8 @@ schedule_stop() {
         exit 2
     fi
     work=$((left > GRACE ? left - GRACE : 0))
+    # The training compares its saves with the grace and warns when one would not fit.
+    export STOP_GRACE_S=$GRACE
     if ((limit < 3600)); then
         log "note: a limit under one hour makes many short jobs; GWDG asks for at least 1 h"
     fi

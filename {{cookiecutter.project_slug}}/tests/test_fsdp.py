@@ -118,14 +118,14 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
 SLOW_HASH = """
 import os, time
 if os.environ.get("SLURM_PROCID") == "0":
-    from {package}.data import hashcache
-    digest, slow = hashcache.file_digest, set()
-    def file_digest(path):
+    from {package}.engine import checkpoint
+    digest, slow = checkpoint.file_digest, set()
+    def file_digest(path, *args):
         if path.parent not in slow:  # once per checkpoint: a disk far slower than the timeout
             slow.add(path.parent)
             time.sleep(float(os.environ["SLOW_SAVE_S"]))
-        return digest(path)
-    hashcache.file_digest = file_digest
+        return digest(path, *args)
+    checkpoint.file_digest = file_digest
 """
 
 

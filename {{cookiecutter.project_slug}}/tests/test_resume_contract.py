@@ -1,6 +1,7 @@
 """What may change between segments of a run, what is refused, and what is said about it."""
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 
@@ -118,6 +119,30 @@ def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     checkpoint.save(state, run_dir / "checkpoints", step, keep=1, run_id=run_id)
     result = pkg("engine.evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
     assert result["accuracy"] > 0.5
+
+
+def test_checkpoints_with_an_earlier_releases_sha256_record_resume_and_are_checked(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["run.name=old", "train.batch_size=32", "train.epochs=1", "run.keep_checkpoints=2"]
+    train(*args, "run.max_steps_this_segment=2")
+    train(*args, "run.max_steps_this_segment=2")
+    [(_, first), (_, latest)] = checkpoint.list_checkpoints(project / "runs/old/checkpoints")
+    for path in (first, latest):  # the record as releases before xxh3 wrote it
+        record = json.loads(checkpoint.manifest_path(path).read_text())
+        assert set(record) == {"run_id", "seconds", "xxh3_128"}
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        record = {"run_id": record["run_id"], "sha256": {path.name: sha}}
+        checkpoint.manifest_path(path).write_text(json.dumps(record))
+    data = bytearray(latest.read_bytes())
+    data[len(data) // 2] ^= 1  # one flipped bit: the older checkpoint is taken
+    latest.write_bytes(data)
+    capsys.readouterr()
+    train(*args, "run.max_steps_this_segment=1")
+    said = "".join(capsys.readouterr())
+    assert f"skipping a checkpoint: {latest}: checksum mismatch" in said
+    assert said.count("skipping a checkpoint") == 1  # the first one, with its SHA-256, loaded
+    assert checkpoint.load_latest(project / "runs/old/checkpoints")["position"]["step"] == 3
 
 
 def test_metrics_rows_are_the_runs_not_the_segments(project: Path) -> None:

@@ -134,11 +134,11 @@ def test_a_background_save_due_while_the_last_writes_is_skipped_and_said_once(
     disk_free, steps = threading.Event(), []
     real_save, real_skip = checkpoint.save, checkpoint_io.Checkpointer.skip
 
-    def slow_disk(state: dict[str, Any], *args: Any) -> Path:
+    def slow_disk(state: dict[str, Any], *args: Any, **kwargs: Any) -> Path:
         steps.append(state["position"]["step"])
         if len(steps) == 1:
             disk_free.wait(timeout=600)  # released by the third skip (a bound only if broken)
-        return real_save(state, *args)
+        return real_save(state, *args, **kwargs)
 
     def skip(self: Any, step: int, writing: bool) -> bool:
         skipped = real_skip(self, step, writing)
@@ -156,6 +156,25 @@ def test_a_background_save_due_while_the_last_writes_is_skipped_and_said_once(
     said = capsys.readouterr().out
     assert said.count("is skipped") == 1, said
     assert "the checkpoint due at step 4 is skipped" in said and "checkpoint_every_minutes" in said
+
+
+def test_a_save_too_slow_for_the_stop_grace_is_said_once_and_first_on_resume(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STOP_GRACE_S", "0.0001")  # as the job script sets it; any save is slower
+    args = ["run.name=grace", "train.batch_size=32", "train.epochs=1"]
+    train(*args, "run.max_steps_this_segment=3", "run.checkpoint_every_steps=1")
+    said = capsys.readouterr().out
+    assert said.count("the stop's save may be cut off") == 1, said  # three saves, one line
+    assert "the stop signal comes 0.0001 s before the limit" in said
+    train(*args)  # the resumed segment says it before its first step, from the saved record
+    lines = capsys.readouterr().out.splitlines()
+    warned = [i for i, line in enumerate(lines) if "the stop's save may be cut off" in line]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step "))
+    assert len(warned) == 1 and warned[0] < first_step, lines
+    monkeypatch.setenv("STOP_GRACE_S", "300")
+    train("run.name=calm", "train.batch_size=32", "train.epochs=1")
+    assert "warning: checkpoints" not in capsys.readouterr().out
 
 
 def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:

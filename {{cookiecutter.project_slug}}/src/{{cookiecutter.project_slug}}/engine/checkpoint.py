@@ -4,7 +4,7 @@ A checkpoint is written under a temporary name in the same directory, flushed to
 renamed to its final name, so a process killed at any moment leaves either the complete new
 checkpoint or none; the previous ones are removed only after the new one is in place. Each
 has a manifest (`step-<N>.pt.json` beside the file, `manifest.json` in the folder) with the
-SHA-256 of every file and the id of the run it belongs to: a damaged file is found before
+digest of every file and the id of the run it belongs to: a damaged file is found before
 anything of it is used. Writing a sharded checkpoint with several processes: checkpoint_io.py.
 """
 
@@ -18,23 +18,41 @@ import re
 import shutil
 import socket
 import sys
+import time
 import uuid
 import warnings
-from collections.abc import Collection, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+import xxhash
 from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..data import hashcache
 from ..errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"step-(\d+)\.(pt|dcp)")
 MANIFEST = "manifest.json"
+
+# Checkpoint files are checked with xxh3-128 (the `xxhash` package): 10-27 GB/s on one core,
+# where SHA-256 does 0.8-1.5 GB/s and a node's disk takes 1.4 GB/s, so the digest never
+# limits a save or a resume (benchmarks/bench_checkpoint.py prints all three). It finds what
+# happens to checkpoints (a cut, a flipped bit, a file from elsewhere); it is no defence
+# against someone forging a file, which SHA-256 would not be either without a signature.
+# Manifests of earlier releases hold SHA-256 sums and are still read.
+DIGEST = "xxh3_128"
+_ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+
+
+def file_digest(path: Path, algorithm: str = DIGEST) -> str:
+    """The digest of a file with `algorithm` (xxh3_128 or sha256), read in 8 MiB pieces."""
+    digest = _ALGORITHMS[algorithm]()
+    with path.open("rb") as f:
+        while piece := f.read(8 << 20):
+            digest.update(piece)
+    return str(digest.hexdigest())
 
 
 def fsync_dir(directory: Path) -> None:
@@ -98,45 +116,32 @@ def run_id(run_dir: Path) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
-class _HashingFile:
-    """A binary file that computes the SHA-256 of what is written through it.
+class _DigestingFile:
+    """A binary file that computes the digest (DIGEST) of what is written through it."""
 
-    A large piece (a tensor's bytes) is hashed in a second thread while this one writes it:
-    hashlib and the file write both release the GIL, so a save takes the longer of the two
-    rather than their sum. The piece is not changed until both are done.
-    """
-
-    PARALLEL = 1 << 20  # pieces from 1 MiB on; smaller ones are hashed in line
-
-    def __init__(self, f: BinaryIO, pool: ThreadPoolExecutor) -> None:
-        self.f, self.sha, self.pool = f, hashlib.sha256(), pool
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.digest = f, _ALGORITHMS[DIGEST]()
 
     def write(self, data: bytes) -> int:
-        if len(data) < self.PARALLEL:
-            self.sha.update(data)
-            return self.f.write(data)
-        hashed = self.pool.submit(self.sha.update, data)
-        try:
-            return self.f.write(data)
-        finally:
-            hashed.result()
+        self.digest.update(data)
+        return self.f.write(data)
 
     def flush(self) -> None:
         self.f.flush()
 
 
 def _write(obj: Any, tmp: Path) -> str:
-    """torch.save `obj` to `tmp`, flushed to disk; its SHA-256, computed while writing."""
-    with tmp.open("wb") as f, ThreadPoolExecutor(1, thread_name_prefix="digest") as pool:
-        out = _HashingFile(f, pool)  # no second read of a large file
+    """torch.save `obj` to `tmp`, flushed to disk; its digest, computed while writing."""
+    with tmp.open("wb") as f:
+        out = _DigestingFile(f)  # no second read of a large file
         torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
-    return out.sha.hexdigest()
+    return str(out.digest.hexdigest())
 
 
 def save_atomic(obj: Any, path: Path) -> str:
-    """torch.save `obj` to `path` so that `path` is never seen half-written; its SHA-256."""
+    """torch.save `obj` to `path` so that `path` is never seen half-written; its digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -153,11 +158,16 @@ def manifest_path(path: Path) -> Path:
     return path / MANIFEST if path.is_dir() else path.with_name(f"{path.name}.json")
 
 
-def write_manifest(path: Path, files: dict[str, str], run_id: str) -> None:
-    """Record the run and each file's SHA-256 of the checkpoint `path` (atomically)."""
+def write_manifest(path: Path, files: dict[str, str], run_id: str, started: float) -> None:
+    """Record the run, each file's digest and the save's seconds for checkpoint `path`, atomically.
+
+    `started`: when the save began (time.perf_counter).
+    """
     target = manifest_path(path)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    text = json.dumps({"run_id": run_id, "sha256": dict(sorted(files.items()))}, indent=1)
+    seconds = round(time.perf_counter() - started, 3)
+    record = {"run_id": run_id, "seconds": seconds, DIGEST: dict(sorted(files.items()))}
+    text = json.dumps(record, indent=1)
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text + "\n")
         f.flush()
@@ -166,28 +176,42 @@ def write_manifest(path: Path, files: dict[str, str], run_id: str) -> None:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of the checkpoint `path`; CheckpointError naming what is wrong."""
+    """The manifest of the checkpoint `path`: run_id, algorithm, files and seconds.
+
+    files: {name: digest}, under the algorithm's name in the file; seconds: how long the save
+    took (None in manifests of earlier releases). CheckpointError naming what is wrong.
+    """
     where = manifest_path(path)
     try:
         manifest = json.loads(where.read_text(encoding="utf-8"))
-        files, run_id = manifest["sha256"], manifest["run_id"]
+        algorithm = next((name for name in _ALGORITHMS if name in manifest), DIGEST)
+        files, run_id = manifest[algorithm], manifest["run_id"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{where}: no readable checksum record ({err})") from None
-    if not isinstance(files, dict) or not isinstance(run_id, str):
+    seconds = manifest.get("seconds")
+    if (
+        not isinstance(files, dict)
+        or not isinstance(run_id, str)
+        or not isinstance(seconds, float | int | None)
+    ):
         raise CheckpointError(f"{where}: malformed checksum record")
-    return {"run_id": run_id, "sha256": files}
+    return {"run_id": run_id, "algorithm": algorithm, "files": files, "seconds": seconds}
 
 
-def damaged(path: Path, names: list[str], sha256: dict[str, str]) -> str | None:
-    """The first of `names` (files of checkpoint `path`) whose content changed, with why."""
+def damaged(path: Path, manifest: dict[str, Any], names: list[str] | None = None) -> str | None:
+    """The first file of checkpoint `path` whose content changed, with why; None if intact.
+
+    `names`: the files to check (default: every file the manifest lists).
+    """
     folder = path if path.is_dir() else path.parent
-    for name in names:
+    files = manifest["files"]
+    for name in sorted(files) if names is None else names:
         file = folder / name
         try:
-            actual = hashcache.file_digest(file)
+            actual = file_digest(file, manifest["algorithm"])
         except OSError as err:
             return f"{file}: unreadable ({err.strerror or err})"
-        if actual != sha256[name]:
+        if actual != files[name]:
             return f"{file}: checksum mismatch (damaged or changed after it was written)"
     return None
 
@@ -229,8 +253,20 @@ def prune(directory: Path, step: int, keep: int) -> None:
         remove(old)
 
 
-def save(state: dict[str, Any], directory: Path, step: int, keep: int, run_id: str = "") -> Path:
-    """Write the one-file checkpoint for `step` with its manifest; prune older ones."""
+def save(
+    state: dict[str, Any],
+    directory: Path,
+    step: int,
+    keep: int,
+    *,
+    run_id: str = "",
+    started: float = 0.0,
+) -> Path:
+    """Write the one-file checkpoint for `step` with its manifest; prune older ones.
+
+    `started`: when the save began (time.perf_counter; default now), for the manifest's seconds.
+    """
+    started = started or time.perf_counter()
     path = directory / f"step-{step:09d}.pt"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -238,7 +274,7 @@ def save(state: dict[str, Any], directory: Path, step: int, keep: int, run_id: s
         digest = _write(state, tmp)
         # The manifest first, then the file under its final name: a listed file always has
         # its manifest; a manifest without its file (a kill in between) is removed on resume.
-        write_manifest(path, {path.name: digest}, run_id)
+        write_manifest(path, {path.name: digest}, run_id, started)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -278,9 +314,7 @@ def load(path: Path) -> dict[str, Any]:
 
 def _load_or_warn(path: Path) -> dict[str, Any] | None:
     try:
-        manifest = read_manifest(path)
-        names = [p.name for p in ([path] if path.is_file() else [])] or sorted(manifest["sha256"])
-        if problem := damaged(path, names, manifest["sha256"]):
+        if problem := damaged(path, read_manifest(path)):
             raise CheckpointError(problem)
         return load(path)
     except Exception as err:  # any unreadable file: the caller falls back to the previous one

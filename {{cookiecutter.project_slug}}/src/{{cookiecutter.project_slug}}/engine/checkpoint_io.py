@@ -17,7 +17,10 @@ is skipped (`skip`), said once: waiting for the disk would hold training for the
 write at every save.
 """
 
+import math
+import os
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -28,7 +31,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from ..data import hashcache
 from ..errors import CheckpointError, NoIntactCheckpointError
 from . import checkpoint, distributed
 from .distributed import DistEnv
@@ -36,13 +38,51 @@ from .strategy import Strategy
 
 # DCP writes a process's shards with one thread by default: 0.40-0.45 GB/s on an H200 node's
 # disk that takes 1.4 GB/s. With WRITE_THREADS threads each process writes that many files in
-# parallel, and their checksums are taken in parallel too (hashlib releases the GIL).
+# parallel, and their checksums are taken in parallel too (reading releases the GIL).
 WRITE_THREADS = 4
 
 
 def _writer(folder: Path) -> dcp.FileSystemWriter:
     """DCP's file writer for `folder`, with WRITE_THREADS threads (files) per process."""
     return dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS)
+
+
+def slow_save(save_s: float, every_s: float, grace_s: float) -> dict[str, str]:
+    """What is wrong with a save of `save_s` seconds: {"interval": ..., "grace": ...}, or {}.
+
+    One rule for `plan` (a predicted save) and the run (a measured one). A save should take at
+    most half the time between checkpoints (`every_s`, 0 for none by time), else training
+    spends much of its time saving (or skips background saves), and at most half the stop
+    grace (`grace_s`, 0 when unknown), else the stop's save may be cut off at the limit.
+    """
+    problems = {}
+    if 0 < every_s < 2 * save_s:
+        problems["interval"] = (
+            f"run.checkpoint_every_minutes={every_s / 60:g} is close to a save ({_s(save_s)} s): "
+            "training would spend much of its time saving; raise it"
+        )
+    if 0 < grace_s < 2 * save_s:
+        problems["grace"] = (
+            f"a save takes about {_s(save_s)} s, and the stop signal comes {_s(grace_s)} s "
+            "before the limit"
+        )
+    return problems
+
+
+def _s(seconds: float) -> str:
+    """Seconds for a message: whole from 10 s on, else two significant digits."""
+    return f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.2g}"
+
+
+def _grace_s() -> float:
+    """Seconds from the stop signal to the time limit (0 outside a job).
+
+    STOP_GRACE_S, set by the job script (slurm/common.sh) for each segment.
+    """
+    try:
+        return max(0.0, float(os.environ.get("STOP_GRACE_S", "0")))
+    except ValueError:
+        return 0.0
 
 
 class Stager:
@@ -94,8 +134,14 @@ class Checkpointer:
         denv: DistEnv,
         keep: int,
         say: Callable[[str], None],
+        *,
+        every_s: float = 0.0,
     ) -> None:
-        """Nothing is read or written yet; `run_id` is set before the first save or load."""
+        """Nothing is read or written yet; `run_id` is set before the first save or load.
+
+        `every_s`: the seconds between checkpoints (run.checkpoint_every_minutes), to judge
+        the saves against (`slow_save`), with the stop grace of the job.
+        """
         self.directory, self.strategy, self.denv, self.keep, self.say = (
             directory,
             strategy,
@@ -108,6 +154,8 @@ class Checkpointer:
         self._pending: Future[Any] | None = None
         self._stager = Stager()
         self.skipped = 0  # background saves skipped while the previous one was still writing
+        self.every_s, self.grace_s = every_s, _grace_s()
+        self._judged = False  # a slow save is said once
 
     # --- saving -----------------------------------------------------------------------
     def save(
@@ -120,18 +168,24 @@ class Checkpointer:
     ) -> None:
         """Write the checkpoint of `step`: model and optimizer state plus `extra` (all ranks)."""
         self.wait()  # one save at a time, in order
+        started = time.perf_counter()
         if self.strategy.sharded:
-            self._save_shards(step, net, optimizer, extra, background)
+            self._save_shards(step, net, optimizer, extra, background, started=started)
             return
         if self.denv.is_main:
             state = {**self.strategy.state(net, optimizer), **extra}
-            args = (self.directory, step, self.keep, self.run_id)
             if background:
-                self._pending = self._pool.submit(checkpoint.save, self._stager.stage(state), *args)
+                self._pending = self._pool.submit(
+                    self._write, self._stager.stage(state), step, started
+                )
             else:
-                checkpoint.save(state, *args)
+                self._write(state, step, started)
         if not background:
             distributed.barrier(io=True)
+
+    def _write(self, state: dict[str, Any], step: int, started: float) -> None:
+        checkpoint.save(state, self.directory, step, self.keep, run_id=self.run_id, started=started)
+        self._judge(time.perf_counter() - started)
 
     def _save_shards(
         self,
@@ -140,6 +194,8 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
         background: bool,
+        *,
+        started: float,
     ) -> None:
         tmp = self.directory / f".step-{step:09d}.dcp.tmp"
         if self.denv.is_main:
@@ -151,24 +207,24 @@ class Checkpointer:
         if not self.denv.distributed:  # one process: DCP's own threads would warn about that
             if background:
                 staged = self._stager.stage(tensors)
-                self._pending = self._pool.submit(self._write_alone, staged, tmp, step)
+                self._pending = self._pool.submit(self._write_alone, staged, tmp, step, started)
             else:
-                self._write_alone(tensors, tmp, step)
+                self._write_alone(tensors, tmp, step, started)
             return
         io = distributed.io_group()
         if background:  # returns once the state is staged; the writing goes on in a thread
             written = dcp.async_save(tensors, storage_writer=_writer(tmp), process_group=io)
-            self._pending = self._pool.submit(self._seal, tmp, step, written)
+            self._pending = self._pool.submit(self._seal, tmp, step, started, written)
         else:
             dcp.save(tensors, storage_writer=_writer(tmp), process_group=io)
-            self._seal(tmp, step)
+            self._seal(tmp, step, started)
 
-    def _write_alone(self, tensors: dict[str, Any], tmp: Path, step: int) -> None:
+    def _write_alone(self, tensors: dict[str, Any], tmp: Path, step: int, started: float) -> None:
         with checkpoint.alone():
             dcp.save(tensors, storage_writer=_writer(tmp), no_dist=True)
-        self._seal(tmp, step)
+        self._seal(tmp, step, started)
 
-    def _seal(self, tmp: Path, step: int, written: Any = None) -> None:
+    def _seal(self, tmp: Path, step: int, started: float, written: Any = None) -> None:
         """Checksums of every file, then rank 0 renames the folder into place and prunes."""
         if written is not None:
             written.result()  # DCP's rank 0 writes its metadata after every rank's shards
@@ -180,20 +236,36 @@ class Checkpointer:
             if f.name.startswith(f"__{rank}_") or (main and not f.name.startswith("__"))
         ]
         with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="checksum") as pool:
-            digests = pool.map(hashcache.file_digest, written_here)
+            digests = pool.map(checkpoint.file_digest, written_here)
             mine = {f.name: digest for f, digest in zip(written_here, digests, strict=True)}
         files = {
             k: v for part in distributed.gather_objects(mine, io=True) for k, v in part.items()
         }
         if main:
-            checkpoint.write_manifest(tmp, files, self.run_id)
+            checkpoint.write_manifest(tmp, files, self.run_id, started)
             final = self.directory / f"step-{step:09d}.dcp"
             if final.exists():  # a damaged one of this step that the run resumed before
                 checkpoint.remove(final)
             tmp.replace(final)
             checkpoint.fsync_dir(self.directory)
             checkpoint.prune(self.directory, step, self.keep)
+            self._judge(time.perf_counter() - started)
         distributed.barrier(io=True)
+
+    def _judge(self, seconds: float) -> None:
+        """Say (once) what is wrong with a save of `seconds`: measured, or read on resume."""
+        problems = slow_save(seconds, self.every_s, self.grace_s)
+        if self._judged or not problems or not self.denv.is_main:
+            return
+        self._judged = True
+        if interval := problems.get("interval"):
+            self.say(f"warning: checkpoints: {interval}")
+        if grace := problems.get("grace"):
+            self.say(
+                f"warning: checkpoints: {grace}: the stop's save may be cut off. Set STOP_GRACE "
+                f"in .env to {math.ceil(2 * seconds + 30)} or more (seconds; the job script "
+                "raises it only after a slow stop), or write runs to a faster file system"
+            )
 
     def writing(self) -> bool:
         """Whether this process's background save is still being written."""
@@ -276,9 +348,11 @@ class Checkpointer:
                     f"{path} belongs to another run (id {manifest['run_id']}, this run's is "
                     f"{self.run_id}); move it away or use another run.name"
                 )
-            names = sorted(manifest["sha256"])  # each rank checks a share of the files
+            if manifest["seconds"]:  # said in the first lines of a resumed segment
+                self._judge(manifest["seconds"])
+            names = sorted(manifest["files"])  # each rank checks a share of the files
             share = names[self.denv.rank :: self.denv.world_size]
-            problem = checkpoint.damaged(path, share, manifest["sha256"])
+            problem = checkpoint.damaged(path, manifest, share)
         state = None
         if not (problem := self._agreed(problem)):
             try:

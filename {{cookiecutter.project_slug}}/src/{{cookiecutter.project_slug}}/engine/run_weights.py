@@ -135,9 +135,7 @@ def _intact(run_dir: Path, which: str) -> Path:
     problems = []
     for _, path in reversed(checkpoint.list_checkpoints(run_dir / "checkpoints")):
         try:
-            sums = checkpoint.read_manifest(path)["sha256"]
-            names = [path.name] if path.is_file() else sorted(sums)
-            problem = checkpoint.damaged(path, names, sums)
+            problem = checkpoint.damaged(path, checkpoint.read_manifest(path))
         except CheckpointError as err:
             problem = str(err)
         if problem is None:

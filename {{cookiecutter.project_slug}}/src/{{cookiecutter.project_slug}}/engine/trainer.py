@@ -266,7 +266,12 @@ class Trainer:
         self.strategy = strategy.create(cfg, denv, device)  # ddp or fsdp: nothing else knows
         self.net, self.model = self.strategy.setup(task)
         self.checkpoints = checkpoint_io.Checkpointer(
-            self.ckpt_dir, self.strategy, denv, cfg.run.keep_checkpoints, self.say
+            self.ckpt_dir,
+            self.strategy,
+            denv,
+            cfg.run.keep_checkpoints,
+            self.say,
+            every_s=60 * cfg.run.checkpoint_every_minutes,
         )
         self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..config import Config
-from ..engine.checkpoint_io import Checkpointer
+from ..engine.checkpoint_io import Checkpointer, slow_save
 from ..engine.distributed import DistEnv
 from ..engine.strategy import create
 from ..errors import ConfigError
@@ -217,16 +217,13 @@ def advice(
             f"(4 B/param), {lora / cluster.world / GB:.1f} GB under fsdp, plus the adapters; "
             "the lm example's task.lora_rank shows how"
         )
-    if save_s is not None and 0 < every_minutes * 60 < 2 * save_s:
+    slow = slow_save(save_s, 60 * every_minutes, GRACE_S) if save_s is not None else {}
+    if interval := slow.get("interval"):
+        tips.append(f"checkpoints: {interval}")
+    if grace := slow.get("grace"):
         tips.append(
-            f"checkpoints: run.checkpoint_every_minutes={every_minutes:g} is close to a save "
-            f"({save_s:.0f} s): training would spend much of its time saving; raise it"
-        )
-    if save_s is not None and save_s > GRACE_S / 2:
-        tips.append(
-            f"checkpoints: a save takes about {save_s:.0f} s, and the stop signal can come only "
-            f"{GRACE_S:.0f} s before the limit: ask for --time of 10 h or more (a 300 s grace), "
-            "or write runs to a faster file system"
+            f"checkpoints: {grace} at the shortest: ask for --time of 10 h or more (a 300 s "
+            "grace), or write runs to a faster file system"
         )
     quota = cluster.home_quota_gb * GB
     if runs_in_home and (footprint > quota / 4 if quota else footprint > 5 * GB):
