@@ -18,9 +18,9 @@ Beside each save and load stands the disk itself, measured the same way in the s
 then reads it back; the ratios save/disk and load/disk are the figures to hold at 0.7 or
 more. A digest line times the checksums on one core (SHA-256, CRC-32, xxh3-128: the one
 checkpoints use) against the disk's write speed. `plan`'s estimate stands beside each:
-`ops/plan.save_speed` saves and loads a `--plan-mb` sample through the same code, and the
-save and load times it predicts for this size are printed with their ratio to the measured
-ones.
+`ops/plan.save_speed` saves and loads samples of up to `--plan-mb` through the same code, and
+the save and load times it predicts for this size are printed with their ratio to the
+measured ones.
 
 Then the fsdp format's blocking save with one writer thread per process against
 `checkpoint_io.WRITE_THREADS`, interleaved round by round (the best of `--rounds` each).
@@ -85,26 +85,39 @@ def timed(device: torch.device, work: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def disk(folder: Path, size: int, rounds: int) -> tuple[float, float]:
-    """Bytes per second of a plain sequential write (fsync'd) and read of `size` bytes."""
+def drop_caches() -> bool:
+    """Empty the page cache, so that reads come from the disk (needs root); whether it could."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def disk_write(folder: Path, size: int) -> float:
+    """Seconds of a plain sequential write of `size` bytes into a new file, fsync'd."""
     block = os.urandom(64 << 20)  # random: a compressing file system cannot shortcut it
     path = folder / "disk-probe"
-    writes, reads = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        with path.open("wb") as f:
-            for offset in range(0, size, len(block)):
-                f.write(block[: size - offset])
-            f.flush()
-            os.fsync(f.fileno())
-        writes.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        with path.open("rb") as f:
-            while f.read(8 << 20):
-                pass
-        reads.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    with path.open("wb") as f:
+        for offset in range(0, size, len(block)):
+            f.write(block[: size - offset])
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - start
+
+
+def disk_read(folder: Path) -> float:
+    """Seconds of a plain sequential read of the probe file, which is then removed."""
+    path = folder / "disk-probe"
+    start = time.perf_counter()
+    with path.open("rb") as f:
+        while f.read(8 << 20):
+            pass
+    seconds = time.perf_counter() - start
     path.unlink()
-    return size / min(writes), size / min(reads)
+    return seconds
 
 
 def digest_speeds() -> dict[str, float]:
@@ -146,7 +159,13 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
         step += 1
         saver.save(step, net, optimizer, {"step": step}, background)
 
-    blocking = min(timed(device, lambda: save(False)) for _ in range(args.rounds))
+    size = 0
+    blocking, plain = [], []
+    for _ in range(args.rounds):  # the disk alternates with the saves: its mood changes
+        blocking.append(timed(device, lambda: save(False)))
+        size = sum(f.stat().st_size for f in (runs / name).rglob("*") if f.is_file())
+        plain.append(disk_write(runs, size))
+        (runs / "disk-probe").unlink()
     held, behind = [], []
     for _ in range(2):
         sync(device)
@@ -155,30 +174,36 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
         held.append(time.perf_counter() - start)
         saver.wait()
         behind.append(time.perf_counter() - start)
-    size = sum(f.stat().st_size for f in (runs / name).rglob("*") if f.is_file())
 
     def load() -> None:
         state = saver.load_latest(net, optimizer)
         strategy.load(net, optimizer, state, "bench")
 
+    cold = drop_caches()
     loaded = timed(device, load)
     saver.close()
-    disk_write, disk_read = disk(runs, size, args.rounds)
+    disk_write(runs, size)
+    drop_caches()
+    read_s = disk_read(runs)
     # `plan`'s estimate: a sample saved and loaded the same way, scaled to this size.
-    write, read = pkg("ops.plan").save_speed(cfg, runs / f"plan-{name}", args.plan_mb)
+    speed = pkg("ops.plan").save_speed(cfg, runs / f"plan-{name}", args.plan_mb)
     return {
-        "plan_save": size / write,
-        "plan_load": size / read,
+        "plan_save": speed.save_s(size),
+        "plan_load": speed.load_s(size),
         "gib": size / 2**30,
-        "save": blocking,
-        "gbs": size / 1e9 / blocking,
-        "disk_write": disk_write,
-        "disk_read": disk_read,
+        "save": min(blocking),
+        "gbs": size / 1e9 / min(blocking),
+        "disk_write": size / min(plain),
+        "disk_read": size / read_s,
+        "cold": cold,
         "first": held[0],
         "held": held[1],
         "behind": behind[1],
         "load": loaded,
     }
+
+
+WARM = "from the page cache: run as root to empty it first"
 
 
 def ratio(found: dict, what: str) -> str:
@@ -202,7 +227,8 @@ def main() -> None:
                 f"{f['disk_write'] / 1e9:.2f} GB/s); background save holds training "
                 f"{f['held']:.2f} s (the first {f['first']:.2f} s) and is written "
                 f"{f['behind']:.2f} s after it started; resume load {f['load']:.2f} s "
-                f"({ratio(f, 'load')} of the disk's {f['disk_read'] / 1e9:.2f} GB/s read); plan "
+                f"({ratio(f, 'load')} of the disk's {f['disk_read'] / 1e9:.2f} GB/s read, "
+                f"{'from the disk' if f['cold'] else WARM}); plan "
                 f"predicted save {f['plan_save']:.2f} s ({f['plan_save'] / f['save']:.2f}x), "
                 f"load {f['plan_load']:.2f} s ({f['plan_load'] / f['load']:.2f}x)",
                 flush=True,

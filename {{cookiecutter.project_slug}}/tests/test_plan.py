@@ -114,6 +114,16 @@ def test_advice_on_save_time_and_where_runs_live() -> None:
     assert "storage" not in tips(1e8, 1, 40, home=False, footprint=20e9)
 
 
+def test_save_time_is_fitted_as_a_fixed_part_plus_bytes_over_a_speed() -> None:
+    fit = pkg("ops.plan")._fit
+    # 0.5 s per checkpoint plus 1 GB/s: 8.5 s for 8 GB, where the 1 GB sample scaled says 12 s.
+    fixed, rate = fit((1e9 / 4, 0.75), (1e9, 1.5))
+    assert (round(fixed, 6), round(rate)) == (0.5, 1e9)
+    speed = pkg("ops.plan").SaveSpeed(fixed, rate, 0.0, 2e9)
+    assert (round(speed.save_s(8e9), 6), speed.load_s(8e9)) == (8.5, 4.0)
+    assert fit((1e8, 1.0), (4e8, 1.05)) == (0.0, 4e8 / 1.05)  # too close to tell: all bytes
+
+
 def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> None:
     (project / "configs").mkdir()
     (project / "configs" / "cluster.toml").write_text(
@@ -132,12 +142,13 @@ def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> 
     assert "partition grete: 2 node(s) x 4 GPU(s), 40 GB each" in out.stdout
     assert f"ddp    {16 * params / GB:10.3f} GB" in out.stdout
     assert (
-        "MB/s saving, " in out.stdout and "loading a 8 MB sample as ddp checkpoints" in out.stdout
+        "MB/s saving, " in out.stdout
+        and "loading samples of up to 8 MB as ddp checkpoints" in out.stdout
     )
     assert "strategy: ddp (the default) fits" in out.stdout
     assert [p.name for p in (project / "runs").iterdir()] == []  # the speed test's files are gone
     fsdp = run_cli("plan", *args[:2], "dist.strategy=fsdp", *args[2:], project=project)
-    assert "sample as fsdp checkpoints are (checksums, fsync)" in fsdp.stdout, fsdp.stderr
+    assert "8 MB as fsdp checkpoints are (checksums, fsync)" in fsdp.stdout, fsdp.stderr
     assert [p.name for p in (project / "runs").iterdir()] == []
     out = run_cli("plan", *args, "--gpus", "1", "--gpu-memory", "94", project=project)
     assert "1 node(s) x 1 GPU(s), 94 GB each" in out.stdout

@@ -22,6 +22,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,6 +44,7 @@ MANIFEST = "manifest.json"
 # against someone forging a file, which SHA-256 would not be either without a signature.
 # Manifests of earlier releases hold SHA-256 sums and are still read.
 DIGEST = "xxh3_128"
+READ_THREADS = 4  # files of a checkpoint read (verified) at once
 _ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
@@ -130,9 +132,22 @@ class _DigestingFile:
         self.f.flush()
 
 
+def _without_zip_crc() -> contextlib.AbstractContextManager[Any]:
+    """torch.save without its per-record CRC-32 (one thread, about 4 GB/s: a fifth of a save).
+
+    The checkpoint's own digest covers the same bytes. torch before 2.6 has no such switch
+    and keeps computing it.
+    """
+    try:
+        from torch.utils.serialization import config  # noqa: PLC0415  (torch 2.6+)
+    except ImportError:
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": False})  # type: ignore[no-any-return]
+
+
 def _write(obj: Any, tmp: Path) -> str:
     """torch.save `obj` to `tmp`, flushed to disk; its digest, computed while writing."""
-    with tmp.open("wb") as f:
+    with tmp.open("wb") as f, _without_zip_crc():
         out = _DigestingFile(f)  # no second read of a large file
         torch.save(obj, out)
         f.flush()
@@ -201,11 +216,14 @@ def read_manifest(path: Path) -> dict[str, Any]:
 def damaged(path: Path, manifest: dict[str, Any], names: list[str] | None = None) -> str | None:
     """The first file of checkpoint `path` whose content changed, with why; None if intact.
 
-    `names`: the files to check (default: every file the manifest lists).
+    `names`: the files to check (default: every file the manifest lists). They are read in
+    parallel (READ_THREADS): a sharded checkpoint's files are read at the disk's speed, not
+    at one stream's.
     """
     folder = path if path.is_dir() else path.parent
     files = manifest["files"]
-    for name in sorted(files) if names is None else names:
+
+    def check(name: str) -> str | None:
         file = folder / name
         try:
             actual = file_digest(file, manifest["algorithm"])
@@ -213,7 +231,11 @@ def damaged(path: Path, manifest: dict[str, Any], names: list[str] | None = None
             return f"{file}: unreadable ({err.strerror or err})"
         if actual != files[name]:
             return f"{file}: checksum mismatch (damaged or changed after it was written)"
-    return None
+        return None
+
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="verify") as pool:
+        found = pool.map(check, sorted(files) if names is None else names)
+        return next((problem for problem in found if problem), None)
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:

@@ -137,24 +137,45 @@ def checkpoint_bytes(model: Model) -> float:
     return float(12 * model.trainable + model.buffer_bytes)
 
 
-def save_speed(cfg: Config, folder: Path, megabytes: int) -> tuple[float, float]:
-    """Bytes per second of saving and of loading a sample through the checkpoint code itself.
+@dataclass(frozen=True)
+class SaveSpeed:
+    """Seconds to save and to load a checkpoint: a fixed part plus its bytes over a speed.
 
-    The sample, `megabytes` of random fp32 tensors (random: a compressing file system cannot
-    shortcut it), is saved as `dist.strategy` saves a checkpoint (`checkpoint_io.Checkpointer`:
-    one file, or DCP shards from parallel writer threads; checksums, fsync, rename) and
-    loaded as a resume loads it (checksums verified), in a temporary folder in `folder`
-    that is removed after. So the figure holds the digest and the format, not only the disk.
+    The fixed part (opening files, the metadata, fsyncs, the processes agreeing) is what makes
+    a small sample slow per byte; fitted on two samples, it keeps the estimate for a large
+    checkpoint from being too long.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if megabytes * 1e6 > free / 2:
-        raise ConfigError(
-            f"--disk-mb: {megabytes} MB is more than half of the {free / 1e6:.0f} MB free in "
-            f"{folder}; measure with less"
-        )
-    floats = megabytes * 250_000  # fp32 values in `megabytes`, in tensors of up to 64 MB
-    chunks = [min(16 << 20, floats - i) for i in range(0, floats, 16 << 20)]
+
+    save_fixed: float
+    save_rate: float  # bytes per second
+    load_fixed: float
+    load_rate: float
+
+    def save_s(self, size: float) -> float:
+        """Seconds to write a checkpoint of `size` bytes."""
+        return self.save_fixed + size / self.save_rate
+
+    def load_s(self, size: float) -> float:
+        """Seconds to verify and load a checkpoint of `size` bytes, as a resume does."""
+        return self.load_fixed + size / self.load_rate
+
+
+def _fit(small: tuple[float, float], large: tuple[float, float]) -> tuple[float, float]:
+    """(fixed seconds, bytes per second) through two (bytes, seconds) samples.
+
+    Where the two are too close to tell (a noisy disk), all of the time counts as bytes.
+    """
+    (bytes_a, seconds_a), (bytes_b, seconds_b) = small, large
+    if seconds_b - seconds_a < 0.1 * seconds_b:
+        return 0.0, bytes_b / seconds_b
+    rate = (bytes_b - bytes_a) / (seconds_b - seconds_a)
+    return max(0.0, seconds_b - bytes_b / rate), rate
+
+
+def _time_sample(cfg: Config, folder: Path, megabytes: int) -> tuple[float, float, float]:
+    """(bytes, save seconds, load seconds) of a sample checkpoint of `megabytes`."""
+    floats = megabytes * 250_000  # fp32 values in `megabytes`, in tensors of up to 16 MiB
+    chunks = [min(4 << 20, floats - i) for i in range(0, floats, 4 << 20)]
     net = nn.ParameterList(nn.Parameter(torch.rand(n)) for n in chunks)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.0)  # no state: the sample is the weights
     denv = DistEnv()
@@ -164,10 +185,36 @@ def save_speed(cfg: Config, folder: Path, megabytes: int) -> tuple[float, float]
         start = time.perf_counter()
         writer.save(1, net, optimizer, {"config": {}}, background=False)
         saved = time.perf_counter()
-        writer.load_latest(net, optimizer)
+        state = writer.load_latest(net, optimizer)
+        assert state is not None  # just written
+        strategy.load(net, optimizer, state, "plan")
         loaded = time.perf_counter()
-    size = 4 * sum(chunks)
-    return size / (saved - start), size / (loaded - saved)
+        writer.close()
+    return 4.0 * sum(chunks), saved - start, loaded - saved
+
+
+def save_speed(cfg: Config, folder: Path, megabytes: int) -> SaveSpeed:
+    """How fast checkpoints are saved and loaded in `folder`, timed through the code itself.
+
+    Samples of `megabytes` and a quarter of it, random fp32 tensors (random: a compressing
+    file system cannot shortcut it), are saved as `dist.strategy` saves a checkpoint
+    (`checkpoint_io.Checkpointer`: one file, or DCP shards from parallel writer threads;
+    checksums, fsync, rename) and loaded into the sample as a resume does (checksums
+    verified), in a temporary folder in `folder` that is removed after. So the figure holds
+    the digest and the format, not only the disk.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if megabytes * 1e6 > free / 2:
+        raise ConfigError(
+            f"--disk-mb: {megabytes} MB is more than half of the {free / 1e6:.0f} MB free in "
+            f"{folder}; measure with less"
+        )
+    small = _time_sample(cfg, folder, max(1, megabytes // 4))
+    large = _time_sample(cfg, folder, megabytes)
+    save = _fit((small[0], small[1]), (large[0], large[1]))
+    load = _fit((small[0], small[2]), (large[0], large[2]))
+    return SaveSpeed(*save, *load)
 
 
 def advice(
@@ -271,12 +318,14 @@ def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) ->
     )
     save_s = None
     if disk_mb > 0:
-        write, read = save_speed(cfg, runs, disk_mb)
-        save_s = ckpt / write
+        speed = save_speed(cfg, runs, disk_mb)
+        save_s = speed.save_s(ckpt)
         print(
-            f"disk     {write / 1e6:.0f} MB/s saving, {read / 1e6:.0f} MB/s loading a {disk_mb} MB "
-            f"sample as {cfg.dist.strategy} checkpoints are (checksums, fsync) in {runs}: "
-            f"a checkpoint takes about {save_s:.1f} s, a resume reads it in {ckpt / read:.1f} s"
+            f"disk     {speed.save_rate / 1e6:.0f} MB/s saving, {speed.load_rate / 1e6:.0f} MB/s "
+            f"loading samples of up to {disk_mb} MB as {cfg.dist.strategy} checkpoints are "
+            f"(checksums, fsync) in {runs}, plus {speed.save_fixed:.2f} s and "
+            f"{speed.load_fixed:.2f} s each: a checkpoint takes about {save_s:.1f} s, a resume "
+            f"reads it in {speed.load_s(ckpt):.1f} s"
         )
     home = Path.home().resolve()
     in_home = runs.resolve().is_relative_to(home)
