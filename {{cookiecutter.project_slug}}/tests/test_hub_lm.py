@@ -38,7 +38,7 @@ TRAIN = [
 ]
 
 
-def hub_folder(folder: Path, tied: bool) -> Path:
+def hub_folder(folder: Path, tied: bool, dtype: torch.dtype = torch.float32) -> Path:
     """A tiny causal-LM folder in the hub layout, as `save_pretrained` writes one."""
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -64,7 +64,7 @@ def hub_folder(folder: Path, tied: bool) -> Path:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(folder, max_shard_size="40KB")  # a few shards and their index
     assert (folder / "model.safetensors.index.json").is_file()
     return folder
@@ -81,6 +81,46 @@ def hub_project(request: pytest.FixtureRequest, project: Path) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "windows of 33 tokens" in done.stdout
     return project
+
+
+def test_a_frozen_bf16_base_stays_bf16_under_bf16_compute_and_resumes_in_fp32(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One process, in this one: the dtypes after setup, then a run that changes precision."""
+    raw = project / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw / CORPUS.name).write_bytes(CORPUS.read_bytes())
+    base = hub_folder(project / "models" / "base", tied=True, dtype=torch.bfloat16)
+    task_api, strategy = pkg("task"), pkg("engine.strategy")
+    lora = [*TRAIN, "model.init_from=models/base", "task.lora_rank=4", "run.name=bf16"]
+    assert run_cli("prepare", *lora, project=project).returncode == 0
+    files = pkg("api").read_weights(base)
+    for precision, frozen in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        cfg = task_api.load_config(None, [*lora, f"train.precision={precision}"])
+        task = task_api.load_task(cfg, pkg("settings").get_settings())
+        net, _ = strategy.create(
+            cfg, pkg("engine.distributed").DistEnv(), torch.device("cpu")
+        ).setup(task)
+        dtypes = {n: p.dtype for n, p in net.named_parameters() if not p.requires_grad}
+        assert dtypes and set(dtypes.values()) == {frozen}, dtypes
+        assert {p.dtype for p in net.parameters() if p.requires_grad} == {torch.float32}
+        embed = net.base.model.embed_tokens.weight
+        assert net.base.lm_head.weight is embed  # still tied
+        assert torch.equal(embed, files["model.embed_tokens.weight"].to(frozen))
+    # bf16 compute with the base in bf16, stopped; resumed in fp32: the frozen base's digest
+    # (checked on resume) is the same in 16 and 32 bits.
+    trainer = pkg("engine.trainer")
+    for precision, steps in (
+        ("bf16", "run.max_steps_this_segment=3"),
+        ("fp32", "run.max_steps_this_segment=0"),
+    ):
+        cfg = task_api.load_config(None, [*lora, f"train.precision={precision}", steps])
+        task = task_api.load_task(cfg, pkg("settings").get_settings())
+        result = trainer.train(cfg, task)
+        assert result.exit_code == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 3" in out and "train.precision: 'bf16' -> 'fp32'" in out, out
+    assert result.summary["status"] == "finished"
 
 
 def two_ranks(project: Path, *args: str) -> list[subprocess.Popen[str]]:

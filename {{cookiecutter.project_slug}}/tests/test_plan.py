@@ -42,6 +42,11 @@ def test_state_and_checkpoint_arithmetic() -> None:
     frozen = plan.Model(params=10**9, trainable=10**6, buffer_bytes=0, block_params=10**8)
     assert plan.state_bytes(frozen, "ddp", 1, 2) == 4e9 + 12e6
     assert plan.checkpoint_bytes(frozen) == 12e6  # the frozen base is left out of checkpoints
+    base = torch.nn.Linear(4, 4).to(torch.bfloat16).requires_grad_(False)
+    counted = plan.count(torch.nn.Sequential(base, torch.nn.Linear(4, 2)))
+    assert (counted.params, counted.trainable, counted.frozen_bytes) == (30, 10, 20 * 2)
+    bf16 = plan.Model(10**9, 10**6, 0, 10**8, frozen_bytes=2 * (10**9 - 10**6))  # bf16 base
+    assert plan.state_bytes(bf16, "ddp", 1, 2) == 2 * (1e9 - 1e6) + 16e6
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,13 @@ from ..errors import ConfigError
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FIELD = "model.init_from"
+# safetensors' names of the floating dtypes (its header's "dtype").
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
 
 
 def _pickled(path: Path) -> dict[str, torch.Tensor]:
@@ -116,6 +123,13 @@ class WeightFiles:
         if self._pickled is not None:
             return list(self._pickled[name].shape)
         return list(self._open[self.where[name]].get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> torch.dtype | None:
+        """The stored dtype of tensor `name` (None: one this reader does not name)."""
+        if self._pickled is not None:
+            return self._pickled[name].dtype
+        stored = self._open[self.where[name]].get_slice(name).get_dtype()
+        return _SAFETENSORS_DTYPES.get(stored)
 
     def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         """The part `index` (one slice per dimension) of tensor `name`."""

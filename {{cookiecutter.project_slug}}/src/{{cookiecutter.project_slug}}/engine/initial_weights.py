@@ -15,7 +15,10 @@ writes the values:
   for checkpoints whose names differ from the model's;
 - parameters outside the target (adapters, a new head): their module's `reset_parameters()`,
   run on a CPU copy of that module alone, seeded by `run.seed`: the same on every process and
-  under every strategy.
+  under every strategy;
+- frozen parameters (a base under LoRA adapters) stay in the files' 16-bit dtype when the run
+  computes in it (`train.precision` bf16, or fp16): they never change, so they need no fp32
+  master copy, and an 8 B base takes 16 GB, not 32. Trainable parameters are fp32 masters.
 """
 
 import copy
@@ -79,9 +82,14 @@ def tie_groups(model: nn.Module) -> list[list[str]]:
 class InitialWeights:
     """Builds the task's model on meta and fills it from `model.init_from` once placed."""
 
-    def __init__(self, task: Task, path: Path, seed: int) -> None:
-        """Remember where the weights are (relative paths from the project root)."""
-        self.task, self.seed = task, seed
+    def __init__(
+        self, task: Task, path: Path, seed: int, compute_dtype: torch.dtype | None = None
+    ) -> None:
+        """Remember where the weights are (relative paths from the project root).
+
+        `compute_dtype`: the run's autocast dtype (None: fp32), for the frozen parameters.
+        """
+        self.task, self.seed, self.compute_dtype = task, seed, compute_dtype
         self.path = path if path.is_absolute() else task.settings.project_root / path
         self._buffers: dict[str, torch.Tensor] = {}
         self._fresh: dict[str, torch.Tensor] = {}
@@ -94,7 +102,25 @@ class InitialWeights:
         self._buffers = {name: b.detach().clone() for name, b in net.named_buffers()}
         self._fresh = self._outside_target(net)
         self._ties = [group for group in tie_groups(net) if len(group) > 1]
+        if self.compute_dtype is not None:
+            self._keep_frozen_in(self.compute_dtype, self.task.pretrained_target(net))
         return net
+
+    def _keep_frozen_in(self, dtype: torch.dtype, target: nn.Module) -> None:
+        """Frozen parameters of `target` that the files hold in `dtype` become `dtype` (meta)."""
+        files, rename = WeightFiles(self.path), self.task.pretrained_name
+        names, params = files.names(), dict(target.named_parameters(remove_duplicate=False))
+        for group in tie_groups(target):
+            param = params.get(group[0])
+            found = [rename(n) for n in group if rename(n) in names]
+            if param is None or param.requires_grad or not found:
+                continue  # a buffer, a trainable parameter, or one _load_target reports
+            if files.dtype(found[0]) != dtype or param.dtype == dtype:
+                continue
+            kept = nn.Parameter(param.to(dtype), requires_grad=False)
+            for name in group:  # tied names stay one parameter
+                owner, _, leaf = name.rpartition(".")
+                target.get_submodule(owner).register_parameter(leaf, kept)
 
     def allocate(self, net: nn.Module, device: torch.device) -> nn.Module:
         """Memory for the (placed or sharded) meta parameters on `device`; ties kept.

@@ -93,6 +93,8 @@ def tensor_digest(named: Iterator[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in named:
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         data = full.detach().cpu().contiguous()
+        if data.dtype in {torch.bfloat16, torch.float16}:  # exact: a frozen base kept in 16 bits
+            data = data.float()  # digests as in fp32, so a resume may change train.precision
         digest.update(f"{name}:{list(data.shape)}:{data.dtype};".encode())
         digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return digest.hexdigest()
@@ -115,7 +117,12 @@ class Strategy:
     def setup(self, task: Task) -> tuple[nn.Module, nn.Module]:
         """Build the task's model: (the model itself, the wrapped one that runs the steps)."""
         if self.cfg.model.init_from:  # built on meta, filled from the files once placed
-            self.initial = InitialWeights(task, Path(self.cfg.model.init_from), self.cfg.run.seed)
+            self.initial = InitialWeights(
+                task,
+                Path(self.cfg.model.init_from),
+                self.cfg.run.seed,
+                autocast_dtype(self.cfg.train.precision, self.device),
+            )
         net = self.initial.build() if self.initial else self.materialise(task)
         if self.cfg.model.channels_last:
             net = net.to(memory_format=torch.channels_last)

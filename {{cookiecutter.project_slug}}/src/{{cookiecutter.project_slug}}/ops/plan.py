@@ -28,6 +28,7 @@ from torch import nn
 from ..config import Config
 from ..engine.checkpoint_io import Checkpointer, slow_save
 from ..engine.distributed import DistEnv
+from ..engine.initial_weights import InitialWeights
 from ..engine.strategy import create
 from ..errors import ConfigError
 from ..settings import Settings
@@ -55,6 +56,7 @@ class Model:
     trainable: int
     buffer_bytes: int
     block_params: int  # the largest entry of an nn.ModuleList (FSDP's unit); all if none
+    frozen_bytes: int | None = None  # of the frozen parameters; None: fp32, 4 B each
 
 
 @dataclass
@@ -113,6 +115,9 @@ def count(model: nn.Module) -> Model:
         trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
         block_params=max(blocks, default=params),
+        frozen_bytes=sum(
+            p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad
+        ),
     )
 
 
@@ -122,7 +127,9 @@ def state_bytes(model: Model, strategy: str, world: int, compute_bytes: int) -> 
     `compute_bytes`: bytes per parameter of the gathered block under FSDP (2 for bf16).
     Twice the largest block: FSDP gathers the next block while computing this one.
     """
-    full = 4 * model.params + 12 * model.trainable + model.buffer_bytes
+    frozen = model.params - model.trainable
+    frozen_bytes = 4 * frozen if model.frozen_bytes is None else model.frozen_bytes
+    full = frozen_bytes + 16 * model.trainable + model.buffer_bytes
     if strategy == "ddp":
         return float(full)
     return full / world + 2 * compute_bytes * model.block_params
@@ -286,10 +293,17 @@ def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) ->
     """Print the plan for `cfg` on `cluster`; return the advice."""
     task = load_task(cfg, settings)
     task.datasets(task.processed_dir)  # tasks may learn their shapes from the data
-    with torch.device("meta"):
-        model = count(task.build_model())
+    # The compute dtype on the GPUs planned for (`auto` is bf16 on Grete's).
+    dtype = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}
+    compute_dtype = dtype.get(cfg.train.precision)
+    if cfg.model.init_from:  # built as the run builds it: a frozen base may stay in 16 bits
+        init = Path(cfg.model.init_from)
+        model = count(InitialWeights(task, init, cfg.run.seed, compute_dtype).build())
+    else:
+        with torch.device("meta"):
+            model = count(task.build_model())
     world = cluster.world
-    compute = 2 if cfg.train.precision in {"auto", "bf16", "fp16"} else 4
+    compute = 2 if compute_dtype else 4
     ddp, fsdp = (state_bytes(model, s, world, compute) for s in ("ddp", "fsdp"))
     ckpt = checkpoint_bytes(model)
     files = cfg.run.keep_checkpoints + (1 if cfg.run.best_metric else 0)
