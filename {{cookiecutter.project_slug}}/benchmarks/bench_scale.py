@@ -160,7 +160,7 @@ LOAD = """
 import sys, time, torch
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from {package} import checkpoint
+from {package}.engine import checkpoint
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 before, start = rss(), time.perf_counter()
 if sys.argv[2] == "mmap":
