@@ -154,12 +154,25 @@ model.name = ["mlp", "cnn"]
             '[sweep]\nname = "../a"\n[space]\ntrain.lr = [1]',
             "sweep.name '../a': a run name is one folder",
         ),
+        (
+            '[sweep]\nname = "a"\n[space]\nmodel.hidden = {range = [16, 1e400, 16]}',
+            "space.model.hidden: range = [start, stop, step] needs numbers",
+        ),
+        (
+            '[sweep]\nname = "a"\nmethod = "random"\n[space]\ntrain.lr = {uniform = [nan, 1]}',
+            "space.train.lr: uniform = [low, high] needs numbers with low < high",
+        ),
+        (
+            '[sweep]\nname = "caf\xe9"\n[space]\ntrain.lr = [1]',
+            "sweep.toml: cannot be read: not UTF-8",
+        ),
     ],
 )
 def test_a_bad_space_gets_one_line_naming_the_key(
     project: Path, capsys: pytest.CaptureFixture[str], space: str, message: str
 ) -> None:
     path = space_file(project, space)
+    path.write_bytes(path.read_text().encode("latin-1"))  # UTF-8 where ASCII, else Latin-1
     assert cli.main(["sweep", "--dry-run", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
@@ -280,3 +293,31 @@ def test_an_optuna_study_prunes_resumes_a_requeued_trial_and_continues(
     assert sbatch.read_text().splitlines()[-1].split()[1] == "--array=0-0%1"
     path.write_text(path.read_text().replace("1e-7, 1e-1", "1e-6, 1e-1"))
     assert cli.main(["sweep", str(path), *extra]) == 2
+
+
+def test_a_damaged_journal_is_refused_with_its_repair_and_nothing_is_written(
+    project: Path, sbatch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("optuna", reason="the sweep extra (optuna) is not installed")
+    path = space_file(project, STUDY)
+    assert cli.main(["sweep", str(path)]) == 0  # the study and its three enqueued trials
+    journal = project / "runs" / ".sweeps" / "opt" / "optuna.journal"
+    whole, calls = journal.read_bytes(), sbatch.read_text()
+    journal.write_bytes(whole[:-5])  # the last record cut off, as by a kill while writing
+    capsys.readouterr()
+    assert cli.main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{journal}: its last record is cut off" in err and len(err.splitlines()) == 1
+    assert (journal.read_bytes(), sbatch.read_text()) == (whole[:-5], calls)  # left as it was
+    os.truncate(journal, int(err.split("truncate -s ")[1].split()[0]))  # the repair it names
+    assert cli.main(["sweep", str(path)]) == 0
+    study = pkg("experiments.sweep").open_study(
+        searchspace.load_space(path), pkg("settings").get_settings()
+    )
+    assert len(study.trials) == 2  # the cut record (the third enqueued trial) is gone
+    for damage in (b"garbage\n", b"\xff\xfe\n", b'{"op": 1}\n'):
+        journal.write_bytes(damage + whole)
+        capsys.readouterr()
+        assert cli.main(["sweep", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{journal}:1: not an Optuna journal record" in err and len(err.splitlines()) == 1

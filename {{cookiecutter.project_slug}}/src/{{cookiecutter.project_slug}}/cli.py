@@ -36,11 +36,7 @@ def _config(args: argparse.Namespace, settings: Settings) -> Config:
         path = default if default.is_file() else None
     from .task import load_config  # noqa: PLC0415  (types the task's settings: imports torch)
 
-    try:
-        return load_config(path, args.overrides, task_dir=configs / "tasks")
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else err.strerror
-        raise ConfigError(f"--config {path}: cannot be read: {reason}") from None
+    return load_config(path, args.overrides, task_dir=configs / "tasks")
 
 
 def _verify_raw(cfg: Config, settings: Settings) -> None:

@@ -324,6 +324,9 @@ def read_toml(path: Path, missing: str) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(missing) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else err.strerror
+        raise ConfigError(f"{path}: cannot be read: {reason}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
 

@@ -61,7 +61,8 @@ def _where(path: Path, key: str) -> Callable[[str], ConfigError]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite int or float (TOML's inf and nan, and 1e400, which reads as inf, are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def to_text(key: str, value: Any, path: Path) -> str:

@@ -10,6 +10,7 @@ trial again, so it resumes its run and reports to the same trial.
 """
 
 import dataclasses
+import json
 import math
 import shlex
 import shutil
@@ -142,16 +143,56 @@ def _optuna() -> Any:
     return optuna
 
 
+def check_journal(path: Path) -> None:
+    """ConfigError naming `path` and the rule when the journal is damaged; nothing is changed.
+
+    Every record is one JSON line with its `op_code`. A last line without its newline is a
+    record cut off by a kill or a full disk: Optuna reads past it, but its next record would be
+    appended onto it and make the whole study unreadable, so it is refused, with the command
+    that cuts it off. Read under the journal's own lock, so a record being written is not
+    mistaken for a cut one.
+    """
+    from optuna.storages.journal import JournalFileSymlinkLock  # noqa: PLC0415
+
+    if not path.is_file():
+        return  # a new study
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+    finally:
+        lock.release()
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines[:-1], start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:  # not JSON, or not UTF-8
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+            raise ConfigError(
+                f"{path}:{number}: not an Optuna journal record (the file is damaged): restore "
+                "it from a copy, or start the sweep again under another sweep.name"
+            )
+    if lines[-1]:
+        whole = len(data) - len(lines[-1])
+        raise ConfigError(
+            f"{path}: its last record is cut off (a process stopped while writing it); "
+            f"the next one would be written onto it. Cut it off with: truncate -s {whole} {path}"
+        )
+
+
 def open_study(space: Space, settings: Settings) -> Any:
-    """The sweep's study in runs/.sweeps/<name>/optuna.journal (made on first use)."""
+    """The sweep's study in runs/.sweeps/<name>/optuna.journal (made on first use, checked)."""
     optuna = _optuna()
     from optuna.storages.journal import JournalFileBackend  # noqa: PLC0415
 
     folder = sweep_dir(space, settings)
     folder.mkdir(parents=True, exist_ok=True)
+    journal = folder / "optuna.journal"
+    check_journal(journal)
     # The journal is an append-only file with a lock file beside it: it works on NFS and
     # Lustre, where SQLite's locking does not, and needs no server.
-    storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / "optuna.journal")))
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
     pruner = (
         optuna.pruners.MedianPruner(n_startup_trials=space.prune_after)
         if space.pruner == "median"
@@ -211,6 +252,7 @@ def _start_study(
         return 0
     _optuna()  # the extra is installed: before anything is written
     _need_sbatch()
+    check_journal(sweep_dir(space, settings) / "optuna.journal")
     if copy.is_file():  # a sweep continued: more trials or another pace, the same study
         before = dataclasses.asdict(searchspace.load_space(copy))
         now = dataclasses.asdict(space)
