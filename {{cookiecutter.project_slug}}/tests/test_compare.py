@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,42 @@ def test_command_writes_the_figure_and_names_a_missing_run(
     assert err.startswith("error: RUNS: no run matches 'nope-*'") and "\n" not in err
     assert cli.main(["compare", "--metric", "rmse"]) == 1
     assert "--metric 'rmse': not a validation metric" in capsys.readouterr().err
+
+
+DAMAGE = {
+    "config.toml": lambda data: data[: len(data) // 2] + b"[run\n",  # cut off, then garbage
+    "metrics.csv": lambda data: data.replace(b",val,", b",\xe9val,", 1),  # not UTF-8
+    "summary.json": lambda data: data.replace(b'"wall_s": ', b'"wall_s": "x", "_": '),
+}
+
+
+@pytest.mark.parametrize("name", [*DAMAGE, "step"])
+def test_a_damaged_run_is_a_row_of_its_own_and_the_others_print(
+    runs: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+) -> None:
+    copy = tmp_path / "runs"
+    shutil.copytree(runs, copy)
+    if name == "step":  # a step that is no number, in a train row
+        path = copy / "lr-slow" / "metrics.csv"
+        lines = path.read_text().splitlines(keepends=True)
+        lines[1] = "x" + lines[1][lines[1].index(",") :]
+        path.write_text("".join(lines))
+    else:
+        path = copy / "lr-slow" / name
+        path.write_bytes(DAMAGE[name](path.read_bytes()))
+    untouched = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
+    monkeypatch.delenv("RUNS_DIR", raising=False)
+    assert cli.main(["compare", "--no-figure"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"warning: run lr-slow is damaged: {path}: ") and err.count("\n") == 1
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert rows.keys() >= {"lr-fast", "lr-slow", "lr-cut"} and "damaged" in rows["lr-slow"]
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == untouched
 
 
 def test_compare_and_its_figure_need_no_torch(runs: Path) -> None:

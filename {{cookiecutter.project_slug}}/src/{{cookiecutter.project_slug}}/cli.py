@@ -142,7 +142,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .experiments.compare import run_compare  # noqa: PLC0415
 
     check_run_name(args.name, "--name")  # a file name below reports/, like a run's folder
-    run_compare(
+    runs = run_compare(
         settings.runs_dir,
         settings.project_root / "reports",
         args.runs,
@@ -151,7 +151,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         name=args.name,
         figure=not args.no_figure,
     )
-    return 0
+    return 1 if any(run.problem for run in runs) else 0  # a damaged run: said, and exit 1
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

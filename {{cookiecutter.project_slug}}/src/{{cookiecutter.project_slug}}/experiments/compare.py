@@ -16,7 +16,6 @@ Rows are sorted by the main metric's best value: `--metric`, else the runs' `run
 else `loss`. No torch here: on a login node the table takes a second.
 """
 
-import contextlib
 import csv
 import errno
 import fcntl
@@ -24,10 +23,11 @@ import fnmatch
 import json
 import math
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import DataError
 
@@ -36,6 +36,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
 
+T = TypeVar("T")
 # Columns of metrics.csv that are not the task's metrics (lr_<group> columns neither).
 NOT_METRICS = {"step", "epoch", "phase", "grad_norm", "samples_per_s", "elapsed_s"}
 # Metric names (or a word of them, split at "_") for which higher is better; every other
@@ -65,6 +66,25 @@ class Run:
     best_metric: tuple[str, str] = ("", "")  # the run's run.best_metric and run.best_mode
     final: dict[str, float] = field(default_factory=dict)
     best: dict[str, tuple[float, int]] = field(default_factory=dict)  # value and its step
+    problem: str = ""  # status "damaged": the file that cannot be read, and why
+
+
+class DamagedRunError(ValueError):
+    """A file of a run holds what no run writes (edited, or damaged on disk)."""
+
+
+def _parsed(run_dir: Path, name: str, parse: Callable[[Path], T]) -> T:
+    """`parse` of the run's file `name`; DamagedRunError naming the file if it cannot be read.
+
+    A file not written yet is the parser's to handle; content that is not what the trainer
+    writes (not UTF-8, not TOML or JSON, a step that is no number, a string for a number)
+    becomes one line, so that one damaged run does not take the whole table with it.
+    """
+    try:
+        return parse(run_dir / name)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # decoding errors too
+        reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise DamagedRunError(f"{run_dir / name}: {reason.splitlines()[0]}") from None
 
 
 def select(runs_dir: Path, patterns: Sequence[str]) -> list[Path]:
@@ -139,14 +159,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_run(run_dir: Path) -> Run:
-    """One run from its config.toml, metrics.csv, summary.json and provenance.jsonl."""
-    config: dict[str, Any] = {}
-    with contextlib.suppress(FileNotFoundError):
-        config = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
-    rows: list[dict[str, str]] = []
-    columns: list[str] = []
-    with contextlib.suppress(FileNotFoundError), (run_dir / "metrics.csv").open(newline="") as f:
+def _config(path: Path) -> dict[str, Any]:
+    return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _metrics(path: Path) -> tuple[list[dict[str, str]], dict[str, list[tuple[int, float]]]]:
+    """Rows of metrics.csv and the validation curves (step, value) of each metric."""
+    if not path.is_file():
+        return [], {}
+    with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         rows = [r for r in reader if None not in r.values()]  # a row cut off by a kill: no
         columns = list(reader.fieldnames or [])
@@ -155,23 +176,41 @@ def read_run(run_dir: Path) -> Run:
     curves = {
         m: [(int(r["step"]), v) for r in val if (v := _number(r[m])) is not None] for m in metrics
     }
-    summary = _read_json(run_dir / "summary.json")
-    provenance = run_dir / "provenance.jsonl"
-    segments = (
-        sum(1 for line in provenance.read_text(encoding="utf-8").splitlines() if line.strip())
-        if provenance.is_file()
-        else 0
-    )
-    run_table = config.get("run", {})
-    run = Run(
-        name=run_dir.name,
-        status=_status(run_dir, summary),
-        settings=flatten(config),
-        curves={m: points for m, points in curves.items() if points},
-        segments=segments,
-        best_metric=(str(run_table.get("best_metric", "")), str(run_table.get("best_mode", ""))),
-    )
-    _add_progress(run, summary, rows)
+    for row in rows:
+        int(row["step"])  # every row's step: _add_progress reads the last one
+    return rows, {m: points for m, points in curves.items() if points}
+
+
+def _segments(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+def read_run(run_dir: Path) -> Run:
+    """One run from its config.toml, metrics.csv, summary.json and provenance.jsonl.
+
+    A run with a damaged file is status "damaged", its `problem` naming the file.
+    """
+    try:
+        config = _parsed(run_dir, "config.toml", _config)
+        rows, curves = _parsed(run_dir, "metrics.csv", _metrics)
+        summary = _parsed(run_dir, "summary.json", _read_json)
+        run_table = config.get("run", {})
+        run = Run(
+            name=run_dir.name,
+            status=_status(run_dir, summary),
+            settings=flatten(config),
+            curves=curves,
+            segments=_parsed(run_dir, "provenance.jsonl", _segments),
+            best_metric=(
+                str(run_table.get("best_metric", "")),
+                str(run_table.get("best_mode", "")),
+            ),
+        )
+        _parsed(run_dir, "summary.json", lambda _: _add_progress(run, summary, rows))
+    except DamagedRunError as err:
+        return Run(name=run_dir.name, status="damaged", settings={}, curves={}, problem=str(err))
     return run
 
 
@@ -318,8 +357,14 @@ def run_compare(
     name: str = "compare",
     figure: bool = True,
 ) -> list[Run]:
-    """Print the table; write reports/NAME.csv, .md and figures/NAME.png; return the runs."""
+    """Print the table; write reports/NAME.csv, .md and figures/NAME.png; return the runs.
+
+    A damaged run is a row of its own (status "damaged") and one line on stderr naming its file.
+    """
     runs = [read_run(p) for p in select(runs_dir, patterns)]
+    for run in runs:
+        if run.problem:
+            print(f"warning: run {run.name} is damaged: {run.problem}", file=sys.stderr)
     metric, mode = main_metric(runs, metric, mode)
     runs = score(runs, metric, mode)
     header, rows = table(runs, metric)
