@@ -136,10 +136,11 @@ def test_a_stop_on_one_rank_stops_every_rank_at_the_next_step_and_resumes_exactl
         assert torch.equal(resumed["model"][key], value), key
 
 
-def train_losses(run_dir: Path) -> dict[int, float]:
+def train_losses(run_dir: Path, column: str = "loss") -> dict[int, float]:
+    """{step: value} of a column of the train rows."""
     with (run_dir / "metrics.csv").open() as f:
         found = csv.DictReader(f)
-        return {int(r["step"]): float(r["loss"]) for r in found if r["phase"] == "train"}
+        return {int(r["step"]): float(r[column]) for r in found if r["phase"] == "train"}
 
 
 def test_two_ranks_finish_with_figures(project: Path) -> None:
@@ -172,6 +173,10 @@ def test_gathered_negatives_over_two_ranks_match_one_process_and_resume_exactly(
     gathered, one = train_losses(runs / "ddp"), train_losses(runs / "single")
     assert len(gathered) == 96
     assert gathered == pytest.approx(one, rel=1e-5)
+    # The task's recorded scalar: averaged over the ranks, the one process's value.
+    top1 = train_losses(runs / "ddp", "top1")
+    assert top1 == pytest.approx(train_losses(runs / "single", "top1"), rel=1e-5)
+    assert 0 < min(top1.values()) < max(top1.values()) <= 1
     # Each rank's own 16 rows only: the easier task of fewer negatives, another loss.
     ended(srun_like(project, free_job_id(), *CONTRASTIVE, "task.gather=false", "run.name=own"))
     assert train_losses(runs / "own")[1] < gathered[1] - 0.1
@@ -191,3 +196,4 @@ def test_gathered_negatives_over_two_ranks_match_one_process_and_resume_exactly(
     whole = checkpoint.load_latest(runs / "ddp" / "checkpoints")["model"]
     assert resumed.keys() == whole.keys()
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+    assert train_losses(runs / "stopped", "top1") == top1

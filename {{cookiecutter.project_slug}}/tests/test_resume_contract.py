@@ -145,6 +145,35 @@ def test_checkpoints_with_an_earlier_releases_sha256_record_resume_and_are_check
     assert checkpoint.load_latest(project / "runs/old/checkpoints")["position"]["step"] == 3
 
 
+def test_recorded_scalars_are_interval_means_exact_across_a_resume(project: Path) -> None:
+    load = pkg("task").load_config
+    args = ["task.name=toy_tasks.contrastive", *FAST, "run.log_every_steps=5", "train.epochs=1"]
+    args += ["train.batch_size=16"]  # 32 steps
+    cut = [*args, "run.name=cut"]
+    assert trainer.train(load(None, [*cut, "run.max_steps_this_segment=7"])).exit_code == 0
+    assert trainer.train(load(None, cut)).exit_code == 0
+    assert trainer.train(load(None, [*args, "run.name=straight"])).exit_code == 0
+
+    def rows(run: str) -> list[tuple[str, str, str]]:
+        with (project / "runs" / run / "metrics.csv").open() as f:
+            return [
+                (r["step"], r["loss"], r["top1"])
+                for r in csv.DictReader(f)
+                if r["phase"] == "train"
+            ]
+
+    assert rows("cut") == rows("straight") and len(rows("cut")) == 6  # steps 5, 10, ..., 30
+    assert all(0 <= float(top1) <= 1 for *_, top1 in rows("cut"))
+    with (project / "runs" / "cut" / "metrics.csv").open() as f:
+        assert next(csv.reader(f))[3:5] == ["loss", "top1"]
+
+
+def test_recording_an_undeclared_scalar_is_one_line(project: Path) -> None:
+    task = blobs(*FAST)
+    with pytest.raises(pkg("errors").DataError, match=r"record\('acc'\): add 'acc' to the task's"):
+        task.record("acc", 1.0)
+
+
 def test_metrics_rows_are_the_runs_not_the_segments(project: Path) -> None:
     args = ["train.batch_size=32", "train.epochs=2", "run.log_every_steps=5"]
     train(*args, "run.name=cut", "run.max_steps_this_segment=7")  # stops mid-window

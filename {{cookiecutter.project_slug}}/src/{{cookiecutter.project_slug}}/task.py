@@ -99,6 +99,9 @@ class Task(ABC):
     metrics: ClassVar[tuple[str, ...]] = ("loss",)
     """Names `summarize` returns, in the order of the metrics.csv columns; "loss" first."""
 
+    train_scalars: ClassVar[tuple[str, ...]] = ()
+    """Names `loss` may `record` for the train rows (columns of metrics.csv, tracker keys)."""
+
     def __init__(self, cfg: Config, settings: Settings) -> None:
         """Keep the configuration; `self.options` holds the `[task]` settings, typed."""
         self.cfg, self.settings = cfg, settings
@@ -238,6 +241,24 @@ class Task(ABC):
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The mean loss of a training batch (a scalar tensor); runs under autocast."""
+
+    def record(self, name: str, value: torch.Tensor | float) -> None:
+        """Log a training scalar of this micro-batch (a per-head loss, a batch accuracy).
+
+        Call it in `loss`. The train rows of metrics.csv (and every tracker) get its mean over
+        the micro-batches since the previous row and over the processes, as the loss does,
+        also across a resume. `name` must be in `train_scalars`. A tensor stays on the device
+        (nothing waits for the GPU) and is detached.
+        """
+        if name not in self.train_scalars:
+            raise DataError(
+                f"task {self.name}: record({name!r}): add {name!r} to the task's train_scalars"
+            )
+        self.__dict__.setdefault("_recorded", []).append((name, value))
+
+    def take_records(self) -> list[tuple[str, torch.Tensor | float]]:
+        """What `record` got since the last call (the trainer's, after each `loss`)."""
+        return self.__dict__.pop("_recorded", [])  # type: ignore[no-any-return]
 
     @abstractmethod
     def evaluate(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:

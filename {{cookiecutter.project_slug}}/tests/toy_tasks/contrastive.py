@@ -2,7 +2,8 @@
 
 Each view's row must pick its partner among all rows of the batch. With `task.gather` the
 negatives are every process's rows (`gather_with_grad`), so two processes of 16 compute the
-loss one process computes on 32; without it, each process's own 16 only.
+loss one process computes on 32; without it, each process's own 16 only. The share of rows
+that pick their partner (`top1`, over the same rows) is recorded for the train rows.
 """
 
 from dataclasses import dataclass
@@ -25,18 +26,20 @@ class Options:
     gather: bool = True  # negatives from every process (else from this process's rows only)
 
 
-def info_nce(model: nn.Module, batch: Any, gather: bool) -> tuple[torch.Tensor, int]:
-    """The summed loss of each row finding its partner among the batch's rows; the rows."""
+def info_nce(model: nn.Module, batch: Any, gather: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed loss of each row finding its partner among the batch's rows; the rows'
+    logits (row i's partner is column i)."""
     a, b = (nn.functional.normalize(model(view), dim=1) for view in batch)
     if gather:  # the whole global batch, on every process alike
         a, b = api.gather_with_grad(a), api.gather_with_grad(b)
     logits = a @ b.t() / 0.1
-    return nn.functional.cross_entropy(logits, torch.arange(len(a)), reduction="sum"), len(a)
+    return nn.functional.cross_entropy(logits, torch.arange(len(a)), reduction="sum"), logits
 
 
 class Contrastive(api.Task):
     Options = Options
     metrics = ("loss",)
+    train_scalars = ("top1",)
 
     def datasets(self, data_dir: Path) -> Any:
         del data_dir  # made in memory
@@ -53,13 +56,14 @@ class Contrastive(api.Task):
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         # With gather every process computes the mean over the global batch; DDP's average
         # of the processes' gradients is then that mean's gradient.
-        total, rows = info_nce(model, batch, self.options.gather)
-        return total / rows
+        total, logits = info_nce(model, batch, self.options.gather)
+        self.record("top1", (logits.argmax(1) == torch.arange(len(logits))).float().mean())
+        return total / len(logits)
 
     def evaluate(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         # Validation batches differ in number between processes: no collective here.
-        total, rows = info_nce(model, batch, gather=False)
-        return {"loss": total.detach(), "n": torch.tensor(float(rows))}
+        total, logits = info_nce(model, batch, gather=False)
+        return {"loss": total.detach(), "n": torch.tensor(float(len(logits)))}
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         return {"loss": sums["loss"].item() / sums["n"].item()}

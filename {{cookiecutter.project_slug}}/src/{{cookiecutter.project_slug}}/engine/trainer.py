@@ -60,6 +60,7 @@ from .runtime import (
     pick_device,
     seed_everything,
 )
+from .train_scalars import TrainScalars
 
 
 @dataclass
@@ -345,7 +346,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
-        self.window: list[Any] = [torch.zeros((), device=self.device), 0]  # see _loop
+        self.window = TrainScalars(self.device, self.task.train_scalars)
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
@@ -400,8 +401,10 @@ class Trainer:
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
-            if saved := state["rng"][self.denv.rank].get("loss_window"):
-                self.window = [saved[0].to(self.device), saved[1]]
+            saved = state["rng"][self.denv.rank]
+            if "loss_window" in saved:  # a checkpoint of release 0.2: the loss's sum only
+                saved["train_scalars"] = {"loss": saved["loss_window"]}
+            self.window.load(saved.get("train_scalars", {}))
         else:  # keep the position within the epoch, not the exact sample order
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
@@ -426,9 +429,9 @@ class Trainer:
         if not self.strategy.all_finite(self.net):
             return False
         start = time.perf_counter()
-        # Each process's random state, and its part of the next train row's mean loss.
-        window = [self.window[0].cpu(), self.window[1]]
-        rngs = distributed.gather_objects({**rng_state(self.device), "loss_window": window})
+        # Each process's random state, and its part of the next train row's means.
+        window = self.window.state()
+        rngs = distributed.gather_objects({**rng_state(self.device), "train_scalars": window})
         frozen = self.strategy.frozen_keys(self.net)
         digest = self.strategy.frozen_digest(self.net, frozen) if frozen else ""
         extra = {
@@ -570,7 +573,7 @@ class Trainer:
             provenance.record(
                 self.run_dir, self.settings.project_root, os.environ, self.data_digest
             )
-            fields = metric_fields(self.task.metrics, self.lr_names)
+            fields = metric_fields(self.task.metrics, self.lr_names, self.task.train_scalars)
             self.metrics = MetricsLog(
                 self.run_dir,
                 self.cfg.run.tracking,
@@ -641,7 +644,7 @@ class Trainer:
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
-        window = self.window  # [loss sum, steps] since the last train row, across segments
+        window = self.window  # the train row's sums since the last one, across segments
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs:
             self.task.on_epoch_start(self.net, self.pos.epoch)
@@ -652,8 +655,8 @@ class Trainer:
             for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
-                window[0] += self.forward_backward(batch, sync=micro == self.accum)
-                window[1] += 1
+                loss = self.forward_backward(batch, sync=micro == self.accum)
+                window.add(loss, self.task.take_records())
                 if micro < self.accum:
                     tick = self.timers.add("compute", tick)
                     continue
@@ -665,15 +668,15 @@ class Trainer:
                 if log_now:  # wait for the GPU here only, so the time lands in "compute"
                     tick = self.timers.synchronized("compute", tick, self.device)
                     stats = {
-                        "loss": self.mean_loss(*window),
+                        **window.means(self.denv),  # the loss and the task's scalars
                         "lr": self.optimizer.param_groups[0]["lr"],
                         **self.named_lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
                     if self.grad_norm is not None:
                         stats["grad_norm"] = self.grad_norm.item()
-                    window[0].zero_()
-                    window[1], seen, clock = 0, self.pos.samples, tick
+                    window.reset()
+                    seen, clock = self.pos.samples, tick
                     self.log_train(stats)
                     if self.diverged(stats["loss"]):
                         return "diverged", segment_steps
@@ -697,11 +700,6 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)  # no partial step into the next
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
-
-    def mean_loss(self, loss_sum: torch.Tensor, count: int) -> float:
-        """The mean training loss since the last log, over all processes (one all-reduce)."""
-        total = distributed.sum_tensors({"loss": loss_sum}, self.denv, self.device)["loss"]
-        return float(total.item()) / (count * self.denv.world_size)
 
     def diverged(self, loss: float) -> bool:
         """Count logging windows with a NaN/inf loss; True after `train.nonfinite_patience`."""

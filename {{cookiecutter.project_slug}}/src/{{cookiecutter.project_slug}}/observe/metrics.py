@@ -18,15 +18,23 @@ from .tracking import Tracker, open_tracker
 from .tracking import state as tracker_state
 
 
-def metric_fields(task_metrics: tuple[str, ...], lr_names: list[str]) -> tuple[str, ...]:
-    """The columns of metrics.csv: position, the task's metrics, learning rates, speed."""
+def metric_fields(
+    task_metrics: tuple[str, ...], lr_names: list[str], train_scalars: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The columns of metrics.csv: position, the task's metrics, learning rates, speed.
+
+    The task's `train_scalars` (filled by train rows) follow its metrics (filled by val rows);
+    a name that is both is one column, as "loss" is.
+    """
     metrics = [m for m in task_metrics if m != "loss"]
+    scalars = [s for s in train_scalars if s not in {"loss", *metrics}]
     return (
         "step",
         "epoch",
         "phase",
         "loss",
         *metrics,
+        *scalars,
         "lr",
         *(f"lr_{name}" for name in lr_names),
         "grad_norm",
