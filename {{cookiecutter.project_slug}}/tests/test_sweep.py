@@ -163,7 +163,7 @@ model.name = ["mlp", "cnn"]
             "space.train.lr: uniform = [low, high] needs numbers with low < high",
         ),
         (
-            '[sweep]\nname = "caf\xe9"\n[space]\ntrain.lr = [1]',
+            '[sweep]\nname = "\xe9l\xe8ve"\n[space]\ntrain.lr = [1]',
             "sweep.toml: cannot be read: not UTF-8",
         ),
     ],

@@ -16,6 +16,7 @@ Rows are sorted by the main metric's best value: `--metric`, else the runs' `run
 else `loss`. No torch here: on a login node the table takes a second.
 """
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -24,10 +25,10 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import DataError
 
@@ -36,7 +37,6 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib  # type: ignore[no-redef]  # one name for either module
 
-T = TypeVar("T")
 # Columns of metrics.csv that are not the task's metrics (lr_<group> columns neither).
 NOT_METRICS = {"step", "epoch", "phase", "grad_norm", "samples_per_s", "elapsed_s"}
 # Metric names (or a word of them, split at "_") for which higher is better; every other
@@ -73,18 +73,19 @@ class DamagedRunError(ValueError):
     """A file of a run holds what no run writes (edited, or damaged on disk)."""
 
 
-def _parsed(run_dir: Path, name: str, parse: Callable[[Path], T]) -> T:
-    """`parse` of the run's file `name`; DamagedRunError naming the file if it cannot be read.
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[Path]:
+    """Within: reading the run's file `path`; DamagedRunError naming it if it cannot be read.
 
-    A file not written yet is the parser's to handle; content that is not what the trainer
+    A file not written yet is the reader's to handle; content that is not what the trainer
     writes (not UTF-8, not TOML or JSON, a step that is no number, a string for a number)
     becomes one line, so that one damaged run does not take the whole table with it.
     """
     try:
-        return parse(run_dir / name)
+        yield path
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # decoding errors too
         reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        raise DamagedRunError(f"{run_dir / name}: {reason.splitlines()[0]}") from None
+        raise DamagedRunError(f"{path}: {reason.splitlines()[0]}") from None
 
 
 def select(runs_dir: Path, patterns: Sequence[str]) -> list[Path]:
@@ -193,22 +194,28 @@ def read_run(run_dir: Path) -> Run:
     A run with a damaged file is status "damaged", its `problem` naming the file.
     """
     try:
-        config = _parsed(run_dir, "config.toml", _config)
-        rows, curves = _parsed(run_dir, "metrics.csv", _metrics)
-        summary = _parsed(run_dir, "summary.json", _read_json)
-        run_table = config.get("run", {})
-        run = Run(
-            name=run_dir.name,
-            status=_status(run_dir, summary),
-            settings=flatten(config),
-            curves=curves,
-            segments=_parsed(run_dir, "provenance.jsonl", _segments),
-            best_metric=(
+        with _reading(run_dir / "config.toml") as path:
+            config = _config(path)
+            run_table = config.get("run", {})
+            best_metric = (
                 str(run_table.get("best_metric", "")),
                 str(run_table.get("best_mode", "")),
-            ),
-        )
-        _parsed(run_dir, "summary.json", lambda _: _add_progress(run, summary, rows))
+            )
+        with _reading(run_dir / "metrics.csv") as path:
+            rows, curves = _metrics(path)
+        with _reading(run_dir / "provenance.jsonl") as path:
+            segments = _segments(path)
+        with _reading(run_dir / "summary.json") as path:
+            summary = _read_json(path)
+            run = Run(
+                name=run_dir.name,
+                status=_status(run_dir, summary),
+                settings=flatten(config),
+                curves=curves,
+                segments=segments,
+                best_metric=best_metric,
+            )
+            _add_progress(run, summary, rows)
     except DamagedRunError as err:
         return Run(name=run_dir.name, status="damaged", settings={}, curves={}, problem=str(err))
     return run
