@@ -136,6 +136,12 @@ def test_a_stop_on_one_rank_stops_every_rank_at_the_next_step_and_resumes_exactl
         assert torch.equal(resumed["model"][key], value), key
 
 
+def val_column(run_dir: Path, column: str) -> dict[int, float]:
+    """{step: value} of a column of the validation rows."""
+    with (run_dir / "metrics.csv").open() as f:
+        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r["phase"] == "val"}
+
+
 def train_losses(run_dir: Path, column: str = "loss") -> dict[int, float]:
     """{step: value} of a column of the train rows."""
     with (run_dir / "metrics.csv").open() as f:
@@ -177,6 +183,11 @@ def test_gathered_negatives_over_two_ranks_match_one_process_and_resume_exactly(
     top1 = train_losses(runs / "ddp", "top1")
     assert top1 == pytest.approx(train_losses(runs / "single", "top1"), rel=1e-5)
     assert 0 < min(top1.values()) < max(top1.values()) <= 1
+    # Recall@1 over the whole validation split, from every rank's kept embeddings: the same
+    # as one process's (a mean of per-rank values would differ, as the in-batch top1 does).
+    recall = val_column(runs / "ddp", "recall1")
+    assert recall == pytest.approx(val_column(runs / "single", "recall1"), abs=1 / 64)
+    assert len(recall) == 6 and 0 < max(recall.values()) <= 1
     # Each rank's own 16 rows only: the easier task of fewer negatives, another loss.
     ended(srun_like(project, free_job_id(), *CONTRASTIVE, "task.gather=false", "run.name=own"))
     assert train_losses(runs / "own")[1] < gathered[1] - 0.1

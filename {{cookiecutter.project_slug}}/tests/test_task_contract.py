@@ -44,6 +44,14 @@ def test_samples_can_be_batched(task) -> None:
         batches.check_first_sample(sets.get(split), where, task_mod.own_collate(task))
 
 
+def evaluated(task, model, batch) -> tuple[dict, dict]:
+    """`evaluate`'s sums, and the rows it kept (`Task.keep`), concatenated per name."""
+    sums, kept = task.evaluate(model, batch), {}
+    for name, rows in task.take_kept():
+        kept.setdefault(name, []).append(rows)
+    return sums, {name: torch.cat(rows) for name, rows in kept.items()}
+
+
 def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
     sets = task.datasets(task.processed_dir)
     n = min(8, batches.size(sets.val))
@@ -51,11 +59,15 @@ def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
     model = task.build_model().eval()
     with torch.no_grad():
         loss = task.loss(model, batch_of(task, sets.val, range(n)))
-        whole = task.evaluate(model, batch_of(task, sets.val, range(n)))
-        halves = [
-            task.evaluate(model, batch_of(task, sets.val, r))
-            for r in (range(n // 2), range(n // 2, n))
-        ]
+        task.take_records()
+        whole, kept = evaluated(task, model, batch_of(task, sets.val, range(n)))
+        halves, kept_halves = zip(
+            *(
+                evaluated(task, model, batch_of(task, sets.val, r))
+                for r in (range(n // 2), range(n // 2, n))
+            ),
+            strict=True,
+        )
     assert loss.dim() == 0, "loss() must return the batch mean, a scalar"
     assert torch.isfinite(loss)
     assert whole.keys() == halves[0].keys()
@@ -65,7 +77,10 @@ def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
         torch.testing.assert_close(
             added.double(), value.double(), rtol=1e-5, atol=1e-5, msg=f"sum {key!r}"
         )
-    metrics = task.summarize(whole)
+    for name, rows in kept.items():  # kept rows: one per sample, whatever the batches
+        halves_rows = torch.cat([part[name] for part in kept_halves])
+        torch.testing.assert_close(halves_rows, rows, msg=f"kept {name!r}")
+    metrics = task.summarize({**whole, **kept})
     assert list(metrics) == list(task.metrics)
     assert all(isinstance(v, float) for v in metrics.values())
 

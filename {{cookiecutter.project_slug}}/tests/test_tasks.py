@@ -5,6 +5,7 @@ project; everything else uses the test task `toy_tasks.blobs`, which makes its o
 """
 
 import csv
+import importlib.util
 import json
 import multiprocessing
 import signal
@@ -42,6 +43,8 @@ SHIPPED = {
         "model.channels=4",
         "data.num_workers=2",
         "train.batch_size=64",
+        # AUROC: a metric over every output of the split, with the metrics extra (torchmetrics)
+        *(["task.auroc=true"] if importlib.util.find_spec("torchmetrics") else []),
     ],
     "lm": [
         "train.epochs=1",

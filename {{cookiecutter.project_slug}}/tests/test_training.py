@@ -177,6 +177,23 @@ def test_a_save_too_slow_for_the_stop_grace_is_said_once_and_first_on_resume(
     assert "warning: checkpoints" not in capsys.readouterr().out
 
 
+def test_outputs_kept_beyond_the_limit_stop_the_run_with_one_line(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torchmetrics", reason="the metrics extra is not installed")
+    task = blobs(*FAST, "run.name=kept", "train.epochs=1")
+    task.add_metrics("auroc")  # every validation sample's probabilities and label, kept
+    assert task.metrics == ("loss", "accuracy", "auroc")
+    monkeypatch.setattr(type(task), "keep_limit_mb", 0.001)  # 1 kB: 4 x 4 B x 60 samples is more
+    with pytest.raises(pkg("errors").DataError, match=r"more than keep_limit_mb = 0.001 MB"):
+        trainer.train(task.cfg, task)
+    monkeypatch.undo()
+    task = blobs(*FAST, "run.name=auroc", "train.epochs=1")
+    task.add_metrics("auroc")
+    result = trainer.train(task.cfg, task)
+    assert 0.5 < result.summary["val_auroc"] <= 1
+
+
 def test_time_report_shares_add_up_to_the_wall_time(project: Path) -> None:
     summary = train("run.name=shares", "train.epochs=1")
     shares = {k: v for k, v in summary.summary.items() if k.endswith("_share")}

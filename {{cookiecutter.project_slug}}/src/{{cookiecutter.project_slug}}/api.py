@@ -3,8 +3,9 @@
 Tasks (`tasks/<name>.py`) import only from here, so the package's wings can move without an
 edit to your research code. What each name is:
 
-- the seam: `Task` (subclass it), `Batch`, `Datasets`, `NoOptions`; the ready-made kinds
-  `Classification` and `Regression`;
+- the seam: `Task` (subclass it), `Batch`, `Datasets`, `NoOptions`, and `Config` and
+  `Settings` (what a task's `__init__` gets); the ready-made kinds `Classification` and
+  `Regression`, and `need_torchmetrics` (a setting that needs the `metrics` extra);
 - helpers for a task's data: `split_indices`, `class_labels`, `sample_generator` (the random
   numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
   a few shards);
@@ -18,11 +19,13 @@ edit to your research code. What each name is:
 """
 
 from .blocks.transformer import CausalLM, LoRA
+from .config import Config
 from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
 from .engine.distributed import gather_with_grad
 from .errors import ConfigError, DataError
 from .models import build_model
+from .settings import Settings
 from .task import (
     Batch,
     Datasets,
@@ -32,24 +35,27 @@ from .task import (
     sample_generator,
     split_indices,
 )
-from .task_kinds import Classification, Regression
+from .task_kinds import Classification, Regression, need_torchmetrics
 
 __all__ = [
     "INDEX",
     "Batch",
     "CausalLM",
     "Classification",
+    "Config",
     "ConfigError",
     "DataError",
     "Datasets",
     "LoRA",
     "NoOptions",
     "Regression",
+    "Settings",
     "ShardReader",
     "Task",
     "build_model",
     "class_labels",
     "gather_with_grad",
+    "need_torchmetrics",
     "read_weights",
     "sample_generator",
     "split_indices",

@@ -102,6 +102,9 @@ class Task(ABC):
     train_scalars: ClassVar[tuple[str, ...]] = ()
     """Names `loss` may `record` for the train rows (columns of metrics.csv, tracker keys)."""
 
+    keep_limit_mb: ClassVar[float] = 512.0
+    """The most `keep` may hold over one pass of a split, all processes together, in MB."""
+
     def __init__(self, cfg: Config, settings: Settings) -> None:
         """Keep the configuration; `self.options` holds the `[task]` settings, typed."""
         self.cfg, self.settings = cfg, settings
@@ -260,12 +263,34 @@ class Task(ABC):
         """What `record` got since the last call (the trainer's, after each `loss`)."""
         return self.__dict__.pop("_recorded", [])  # type: ignore[no-any-return]
 
+    def add_metrics(self, *names: str) -> None:
+        """Report `names` too, after the class's `metrics`: a metric an option turns on.
+
+        Call it in `__init__` (after `super().__init__`); `summarize` must return them.
+        """
+        self.__dict__["metrics"] = (*self.metrics, *names)
+
+    def keep(self, name: str, rows: torch.Tensor) -> None:
+        """Keep per-sample outputs of this evaluation batch (one row per sample) for `summarize`.
+
+        Call it in `evaluate`, for metrics that need every output at once (AUROC, average
+        precision, retrieval recall): `summarize` then finds `sums[name]`, the rows of every
+        batch and process concatenated. Rows kept under several names in the same calls stay
+        aligned (scores with their labels); their order is not the split's. Copied to the
+        CPU at once, at most `keep_limit_mb` in all: more stops the run with one line.
+        """
+        self.__dict__.setdefault("_kept", []).append((name, rows.detach()))
+
+    def take_kept(self) -> list[tuple[str, torch.Tensor]]:
+        """What `keep` got since the last call (evaluation's, after each `evaluate`)."""
+        return self.__dict__.pop("_kept", [])  # type: ignore[no-any-return]
+
     @abstractmethod
     def evaluate(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         """Sums over the batch: loss sum, counts, histograms, ...
 
-        They are added over all batches and processes, so every metric must come from sums
-        or counts.
+        They are added over all batches and processes, so a metric comes from sums or counts,
+        or from the per-sample outputs the task `keep`s.
         """
 
     @abstractmethod

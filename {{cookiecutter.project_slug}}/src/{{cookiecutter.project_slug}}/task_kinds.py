@@ -10,14 +10,18 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from .errors import ConfigError
 from .observe.plots import plot_confusion, plot_true_vs_predicted
 from .task import Batch, Task
 
 
 class Classification(Task):
-    """Cross-entropy on logits; accuracy and a confusion matrix.
+    """Cross-entropy on logits; accuracy and a confusion matrix; AUROC where asked for.
 
-    `datasets` must set `self.classes` (the class names, index = label).
+    `datasets` must set `self.classes` (the class names, index = label). With "auroc" among
+    the task's metrics (`metrics = ("loss", "accuracy", "auroc")`, or `add_metrics("auroc")`),
+    `evaluate` keeps every sample's class probabilities and label and `summarize` computes
+    the macro one-vs-rest AUROC over the whole split with torchmetrics (the `metrics` extra).
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
@@ -35,6 +39,9 @@ class Classification(Task):
         n = len(self.classes)
         predicted = logits.argmax(dim=1)
         confusion = torch.bincount(labels * n + predicted, minlength=n * n).reshape(n, n)
+        if "auroc" in self.metrics:  # not a sum: every sample's scores, kept
+            self.keep("probabilities", logits.softmax(dim=1))
+            self.keep("labels", labels)
         return {
             "loss": nn.functional.cross_entropy(logits, labels, reduction="sum"),
             "count": torch.tensor(float(len(labels)), device=labels.device),
@@ -42,15 +49,35 @@ class Classification(Task):
         }
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Mean loss and accuracy."""
+        """Mean loss and accuracy (and AUROC, when a metric of the task)."""
         count = max(sums["count"].item(), 1.0)
         correct = sums["confusion"].diag().sum().item()
-        return {"loss": sums["loss"].item() / count, "accuracy": correct / count}
+        metrics = {"loss": sums["loss"].item() / count, "accuracy": correct / count}
+        if "auroc" in self.metrics:
+            metrics["auroc"] = auroc(sums["probabilities"], sums["labels"], len(self.classes))
+        return metrics
 
     def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
         """The confusion matrix of the split."""
         name = "confusion_matrix.png" if split == "val" else f"confusion_matrix_{split}.png"
         return [plot_confusion(sums["confusion"].cpu(), self.classes, out_dir, split, name)]
+
+
+def auroc(probabilities: torch.Tensor, labels: torch.Tensor, classes: int) -> float:
+    """Macro one-vs-rest area under the ROC curve (torchmetrics; the `metrics` extra)."""
+    from torchmetrics.functional.classification import multiclass_auroc  # noqa: PLC0415
+
+    return float(multiclass_auroc(probabilities, labels, num_classes=classes, average="macro"))
+
+
+def need_torchmetrics(field: str) -> None:
+    """ConfigError naming `field` when the `metrics` extra (torchmetrics) is not installed."""
+    try:
+        import torchmetrics  # noqa: F401, PLC0415
+    except ModuleNotFoundError:
+        raise ConfigError(
+            f"{field}: needs torchmetrics, the metrics extra: pip install -e '.[metrics]'"
+        ) from None
 
 
 class Regression(Task):

@@ -3,7 +3,10 @@
 Each view's row must pick its partner among all rows of the batch. With `task.gather` the
 negatives are every process's rows (`gather_with_grad`), so two processes of 16 compute the
 loss one process computes on 32; without it, each process's own 16 only. The share of rows
-that pick their partner (`top1`, over the same rows) is recorded for the train rows.
+that pick their partner (`top1`, over the same rows) is recorded for the train rows. On
+validation every row's embeddings are kept (`Task.keep`), and `recall1` is the share of rows
+whose partner is the nearest among all rows of the split: the same for any number of
+processes, where a mean of per-batch values would not be.
 """
 
 from dataclasses import dataclass
@@ -26,10 +29,16 @@ class Options:
     gather: bool = True  # negatives from every process (else from this process's rows only)
 
 
+def embed(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both views' embeddings, of length 1."""
+    a, b = (nn.functional.normalize(model(view), dim=1) for view in batch)
+    return a, b
+
+
 def info_nce(model: nn.Module, batch: Any, gather: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The summed loss of each row finding its partner among the batch's rows; the rows'
     logits (row i's partner is column i)."""
-    a, b = (nn.functional.normalize(model(view), dim=1) for view in batch)
+    a, b = embed(model, batch)
     if gather:  # the whole global batch, on every process alike
         a, b = api.gather_with_grad(a), api.gather_with_grad(b)
     logits = a @ b.t() / 0.1
@@ -38,7 +47,7 @@ def info_nce(model: nn.Module, batch: Any, gather: bool) -> tuple[torch.Tensor, 
 
 class Contrastive(api.Task):
     Options = Options
-    metrics = ("loss",)
+    metrics = ("loss", "recall1")
     train_scalars = ("top1",)
 
     def datasets(self, data_dir: Path) -> Any:
@@ -63,10 +72,15 @@ class Contrastive(api.Task):
     def evaluate(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         # Validation batches differ in number between processes: no collective here.
         total, logits = info_nce(model, batch, gather=False)
+        a, b = embed(model, batch)
+        self.keep("a", a)
+        self.keep("b", b)
         return {"loss": total.detach(), "n": torch.tensor(float(len(logits)))}
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        return {"loss": sums["loss"].item() / sums["n"].item()}
+        nearest = (sums["a"] @ sums["b"].t()).argmax(dim=1)
+        recall1 = (nearest == torch.arange(len(nearest))).float().mean().item()
+        return {"loss": sums["loss"].item() / sums["n"].item(), "recall1": recall1}
 
 
 TASK = Contrastive

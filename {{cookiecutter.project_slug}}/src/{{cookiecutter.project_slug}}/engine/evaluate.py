@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DataError
 from ..settings import Settings
 from ..task import Task, config_from_dict, load_task, own_collate, set_mode
 from . import checkpoint, distributed
@@ -18,6 +18,43 @@ from .batches import EvalBatches, size, to_device
 from .distributed import DistEnv
 from .run_weights import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
+
+
+class KeptOutputs:
+    """What `Task.keep` got over one pass, on the CPU, within the task's `keep_limit_mb`."""
+
+    def __init__(self, task: Task) -> None:
+        """Nothing kept yet."""
+        self.task, self.limit = task, task.keep_limit_mb * 1e6
+        self.parts: dict[str, list[torch.Tensor]] = {}
+        self.bytes, self.over = 0, False
+
+    def add(self, kept: list[tuple[str, torch.Tensor]]) -> None:
+        """One batch's kept rows (beyond the limit: nothing more, and `gathered` says so)."""
+        for name, rows in kept:
+            self.bytes += rows.numel() * rows.element_size()
+            self.over = self.over or self.bytes > self.limit
+            if self.over:
+                self.parts.clear()  # the memory goes back at once; the pass ends with the error
+                return
+            self.parts.setdefault(name, []).append(rows.cpu())
+
+    def gathered(self, denv: DistEnv) -> dict[str, torch.Tensor]:
+        """Every process's rows per name, concatenated in rank order (on every process)."""
+        mine = {name: torch.cat(rows) for name, rows in self.parts.items()}
+        everyone = [(self.over, self.bytes, mine)]
+        if denv.distributed:
+            everyone = distributed.gather_objects(everyone[0])
+        total = sum(size for _, size, _ in everyone)
+        if any(over for over, _, _ in everyone) or total > self.limit:
+            raise DataError(
+                f"task {self.task.name}: the outputs kept in evaluate came to more than "
+                f"keep_limit_mb = {self.task.keep_limit_mb:g} MB over the split: keep less "
+                "per sample (a score, not the logits), fewer samples, or raise the task's "
+                "keep_limit_mb"
+            )
+        names = sorted({name for _, _, kept in everyone for name in kept})
+        return {n: torch.cat([kept[n] for _, _, kept in everyone if n in kept]) for n in names}
 
 
 @torch.no_grad()
@@ -34,6 +71,9 @@ def split_sums(
     feed: EvalBatches | None = None,
 ) -> dict[str, torch.Tensor]:
     """The task's `evaluate` sums over every sample of `dataset`, added over all processes.
+
+    With them, under their names, the per-sample rows the task kept (`Task.keep`) from every
+    batch and process, concatenated.
 
     `denv` says which samples this process scores and whose sums are added; `DistEnv()`
     scores the whole split in this process alone, without any collective. Pass the unwrapped
@@ -57,13 +97,14 @@ def split_sums(
         prefetch_factor=cfg.data.prefetch_factor,
         collate=own_collate(task),
     )
-    forwards = 0
+    forwards, kept = 0, KeptOutputs(task)
     try:
         for raw in feed:
             batch = to_device(raw, device, cfg.model.channels_last)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 part = task.evaluate(model, batch)
             forwards += 1
+            kept.add(task.take_kept())
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
     finally:  # the trainer's own feed is closed by the trainer, on every way out
@@ -74,8 +115,9 @@ def split_sums(
     for _ in range(most - forwards if lockstep and forwards else 0):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             task.evaluate(model, batch)
+        task.take_kept()  # unscored
     set_mode(task, model, training=True)
-    return distributed.sum_tensors(sums, denv, device)
+    return {**distributed.sum_tensors(sums, denv, device), **kept.gathered(denv)}
 
 
 def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:

@@ -267,11 +267,12 @@ def check_runs(
 
     The sweep's metric must be one the task computes on the validation split.
     """
-    from ..task import task_class  # noqa: PLC0415  (imports torch)
+    from ..settings import get_settings  # noqa: PLC0415
+    from ..task import load_task  # noqa: PLC0415  (imports torch)
 
     for items in settings:
         cfg = _run_config(items, config, task_dir)
-        metrics = task_class(cfg.task.name).metrics
+        metrics = load_task(cfg, get_settings()).metrics  # with those its options turn on
         if space.metric not in metrics:
             raise _where(space.path, "sweep.metric")(
                 f"{space.metric!r} is not a metric of task {cfg.task.name} (one of {list(metrics)})"
