@@ -345,6 +345,10 @@ DEFAULT_IGNORABLE = (
 SPECIAL_SLUGS = {
     "test": "would shadow CPython's own test package (`python -m test` runs CPython's tests)",
     "conftest": "is the name pytest gives its per-folder plugin files",
+    # The site module imports these at every start of Python where they are on the path: an
+    # editable install puts src/ there, so every command of the venv would run the package.
+    "sitecustomize": "is imported by every start of Python in the project's environment (site)",
+    "usercustomize": "is imported by every start of Python in the project's environment (site)",
 }
 # Names Windows reserves for devices, in any case and with any extension: a repository with
 # a folder src/con cannot be checked out there.

@@ -114,6 +114,7 @@ BAD: list[tuple[dict[str, str], str]] = [
     # closure (dependencies of dependencies too) and the project's own folders.
     ({"project_slug": "test"}, "project_slug"),
     ({"project_slug": "conftest"}, "project_slug"),
+    ({"project_slug": "sitecustomize"}, "project_slug"),
     ({"project_slug": "sympy"}, "project_slug"),
     ({"project_slug": "pyparsing"}, "project_slug"),
     ({"project_slug": "torchgen"}, "project_slug"),
