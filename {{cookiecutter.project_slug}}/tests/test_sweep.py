@@ -92,6 +92,22 @@ def test_grid_expands_to_the_product_and_the_array_size(
     assert "holds another run list" in capsys.readouterr().err
 
 
+def test_a_failed_submission_leaves_no_run_list_so_a_corrected_one_goes_in(
+    project: Path, sbatch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = project / "bin" / "sbatch"
+    working = script.read_text()
+    script.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n")
+    path = space_file(project, GRID)
+    assert cli.main(["sweep", str(path)]) == 1
+    assert "sbatch failed (exit 1): sbatch: error: invalid partition" in capsys.readouterr().err
+    assert not (project / "runs" / ".sweeps" / "lr" / "runs.txt").exists()
+    script.write_text(working)  # fixed; and the space changed too
+    path.write_text(path.read_text().replace("[0.001, 0.003]", "[0.001, 0.01]"))
+    assert cli.main(["sweep", str(path)]) == 0
+    assert "0.01" in (project / "runs" / ".sweeps" / "lr" / "runs.txt").read_text()
+
+
 def test_random_draws_are_seeded_and_within_their_distributions(project: Path) -> None:
     path = space_file(
         project,

@@ -110,19 +110,25 @@ def run_sweep(
     print("\n".join(lines))
     listing = folder / "runs.txt"
     config_arg = [f"--config={config}"] if config else []  # sbatch passes it to every task
+    created = not listing.exists()
     if not dry_run:
         _need_sbatch()
         _write_once(listing, text, "run list", space.name)
-    job = _submit(
-        [
-            _array(len(lines), space),
-            f"--export=ALL,SWEEP_FILE={_shown(listing, settings.project_root)}",
-            JOB_SCRIPT,
-            *config_arg,
-        ],
-        settings.project_root,
-        dry_run,
-    )
+    try:
+        job = _submit(
+            [
+                _array(len(lines), space),
+                f"--export=ALL,SWEEP_FILE={_shown(listing, settings.project_root)}",
+                JOB_SCRIPT,
+                *config_arg,
+            ],
+            settings.project_root,
+            dry_run,
+        )
+    except ProjectError:  # nothing was submitted: a list written now goes too, for a retry
+        if created:
+            listing.unlink(missing_ok=True)
+        raise
     what = f"{len(lines)} runs {names[0]}..{names[-1]}, at most {space.concurrency} at a time"
     print(f"dry run: {what}" if dry_run else f"submitted array job {job}: {what}")
     return 0
