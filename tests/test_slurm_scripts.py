@@ -313,6 +313,20 @@ def test_chain_rejects_bad_arguments(default_bake, args, message) -> None:
     assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("size", ["0", "65", "2x", str(2**64 + 2)])  # the last wrapped to 2
+def test_pack_size_out_of_range_is_refused(default_bake, size: str) -> None:
+    res = subprocess.run(
+        ["bash", "slurm/pack.sbatch"],
+        cwd=default_bake.project,
+        env={**os.environ, "PACK_SIZE": size},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"PACK_SIZE={size}: give the number of runs per GPU, 1 to 64" in res.stdout + res.stderr
+
+
 def test_readme_shows_the_scripts_commands(baked) -> None:
     project, _ = baked
     readme = (project / "slurm" / "README.md").read_text()
