@@ -578,11 +578,23 @@ def test_fleet_names_a_repository_it_cannot_read(
     projects: dict[tuple[str, int], Project], tmp_path: Path
 ) -> None:
     script = ROOT / TEMPLATE_DIR / "tools" / "template_status.py"
-    repos = [str(projects["copier", 1].path), str(tmp_path / "nosuch")]
+    good = projects["copier", 1].path
+    cut, broken = tmp_path / "cut", tmp_path / "broken"  # a record cut off; a damaged .git
+    for copy in (cut, broken):
+        subprocess.run(["cp", "-a", str(good), str(copy)], check=True)
+    record = cut / ".hpc-ml-template.json"
+    record.write_text(record.read_text("utf-8")[:20])
+    (broken / ".git" / "HEAD").write_text("garbage\n")
+    repos = [str(good), str(tmp_path / "nosuch"), str(cut), str(broken)]
     done = _run([sys.executable, str(script), *repos], tmp_path)
     assert done.returncode == status.FAILED, done.stderr
-    last = done.stdout.splitlines()[-1]
-    assert last.startswith(str(tmp_path / "nosuch")) and "error: git clone:" in last, last
+    rows = done.stdout.splitlines()[-4:]
+    assert rows[0].startswith(str(good)) and "error" not in rows[0], rows  # the others print
+    assert rows[1].startswith(str(tmp_path / "nosuch")) and "error: git clone:" in rows[1], rows
+    assert f"error: {record}: not a readable release record" in rows[2], rows
+    assert f"error: {broken / '.git'}: damaged" in rows[3], rows
+    table = json.loads(_run([sys.executable, str(script), "--json", *repos], tmp_path).stdout)
+    assert [bool(row.get("error")) for row in table["repos"]] == [False, True, True, True]
 
 
 def test_status_names_conflict_markers_left_by_an_update(

@@ -123,7 +123,12 @@ def load_record(root: Path) -> dict[str, Any]:
     path = root / RECORD
     if not path.is_file():
         raise StatusError(f"{RECORD} not found: run this in a project made by hpc-ml-template")
-    record: dict[str, Any] = json.loads(path.read_text("utf-8"))
+    try:
+        record = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise StatusError(f"{path}: not a readable release record ({exc})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("version"), str):
+        raise StatusError(f"{path}: damaged release record (no version string)")
     return record
 
 
@@ -140,19 +145,23 @@ def _yaml_scalar(text: str) -> str:
 
 def recorded_source(root: Path) -> tuple[str, str] | None:
     """(template source, commit) from copier's or cruft's answers file, if there is one."""
-    copier = root / COPIER_ANSWERS
-    if copier.is_file():
-        found = {}
-        for line in copier.read_text("utf-8").splitlines():
-            key, _, value = line.partition(":")
-            if key in {"_src_path", "_commit"}:
-                found[key] = _yaml_scalar(value)
-        if "_src_path" in found:
-            return found["_src_path"], found.get("_commit", "")
-    cruft = root / CRUFT_STATE
-    if cruft.is_file():
-        state = json.loads(cruft.read_text("utf-8"))
-        return state["template"], state.get("commit") or ""
+    copier, cruft = root / COPIER_ANSWERS, root / CRUFT_STATE
+    try:
+        if copier.is_file():
+            found = {}
+            for line in copier.read_text("utf-8").splitlines():
+                key, _, value = line.partition(":")
+                if key in {"_src_path", "_commit"}:
+                    found[key] = _yaml_scalar(value)
+            if "_src_path" in found:
+                return found["_src_path"], found.get("_commit", "")
+        if cruft.is_file():
+            state = json.loads(cruft.read_text("utf-8"))
+            return str(state["template"]), str(state.get("commit") or "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StatusError(
+            f"{root}: a damaged answers record ({type(exc).__name__}: {exc})"
+        ) from None
     return None
 
 
@@ -261,7 +270,9 @@ def changed_here(root: Path) -> set[str] | None:
     """
     try:
         prefix = _git("rev-parse", "--show-prefix", cwd=root).strip()
-    except StatusError:
+    except StatusError as exc:
+        if (root / ".git").exists():  # a repository git cannot read: not "not in git"
+            raise StatusError(f"{root / '.git'}: damaged ({exc})") from None
         return None
     log = _git("log", "--no-renames", "--format=%x00", "--name-only", "--relative", cwd=root)
     found: set[str] = set()
