@@ -10,6 +10,7 @@ import csv
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
     from types import ModuleType
 
@@ -70,7 +71,7 @@ def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:
 
 def plot_confusion(
     matrix: torch.Tensor,
-    classes: list[str],
+    classes: Sequence[str],
     out_dir: Path,
     title: str,
     name: str = "confusion_matrix.png",
