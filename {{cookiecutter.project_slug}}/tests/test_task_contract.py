@@ -75,7 +75,13 @@ def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
         added = halves[0][key] + halves[1][key]
         # float32 sums in another order: equal up to rounding
         torch.testing.assert_close(
-            added.double(), value.double(), rtol=1e-5, atol=1e-5, msg=f"sum {key!r}"
+            added.double(),
+            value.double(),
+            rtol=1e-5,
+            atol=1e-5,
+            msg=f"task {task.name}: evaluate's {key!r} of two half batches does not add up to "
+            "the whole batch's: evaluate must return sums or counts (they are added over "
+            "batches and processes), not means; keep per-sample rows (self.keep) for others",
         )
     for name, rows in kept.items():  # kept rows: one per sample, whatever the batches
         halves_rows = torch.cat([part[name] for part in kept_halves])
