@@ -165,7 +165,7 @@ def test_recorded_scalars_are_interval_means_exact_across_a_resume(project: Path
     assert rows("cut") == rows("straight") and len(rows("cut")) == 6  # steps 5, 10, ..., 30
     assert all(0 <= float(top1) <= 1 for *_, top1 in rows("cut"))
     with (project / "runs" / "cut" / "metrics.csv").open() as f:
-        assert next(csv.reader(f))[3:5] == ["loss", "top1"]
+        assert next(csv.reader(f))[3:6] == ["loss", "recall1", "top1"]  # metrics, then scalars
 
 
 def test_recording_an_undeclared_scalar_is_one_line(project: Path) -> None:
