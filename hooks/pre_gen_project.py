@@ -26,6 +26,7 @@ import atexit
 import bisect
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -1017,10 +1018,33 @@ def check_config(default_context: Mapping[str, Any]) -> list[str]:
     for field, value in default_context.items():
         if str(field).startswith("_"):
             errors.append(_say(str(field), value, OWN_SETTING))
+        elif field in CHOICES:
+            errors += check_choices({field: value})
         else:
             found = (check_hostile_text(str(field), text) for text in _texts(value))
             if message := next((m for m in found if m), ""):
                 errors.append(message)
+    return errors
+
+
+def check_choices(given: Mapping[str, object]) -> list[str]:
+    """Given choices as the engine compares them: the value itself, not its text.
+
+    cookiecutter takes a choice from a config file or its command line only if the value is
+    one of the list; otherwise it warns (config) or fails with a traceback (command line) and
+    bakes the first choice. YAML reads ``vscode: no`` as false and ``python_version: 3.12`` as
+    a number, which no list of texts holds.
+    """
+    errors = []
+    for field, value in given.items():
+        if field not in CHOICES or (isinstance(value, str) and value in CHOICES[field]):
+            continue
+        text = ("yes" if value else "no") if isinstance(value, bool) else str(value)
+        if not isinstance(value, str) and text in CHOICES[field]:
+            rule = f"is read by YAML as {type(value).__name__}, not text: write '{text}' in quotes"
+            errors.append(_say(field, value, rule))
+        else:
+            errors.append(check_choice(field, text))
     return errors
 
 
@@ -1093,7 +1117,8 @@ class EarlyRules(Extension):
         if self._asking:
             return source
         if _engine_frame("render_variable") and (frame := _engine_frame("prompt_for_config")):
-            _stop_on(check_given(frame.f_locals["context"]["cookiecutter"], _template_json()))
+            given = frame.f_locals["context"]["cookiecutter"]
+            _stop_on(_config_errors() or check_given(given, _template_json()))
             if not frame.f_locals.get("no_input", True):
                 self._ask_again(frame)
         elif source == PROJECT_FOLDER and (frame := _engine_frame("render_and_create_dir")):
@@ -1170,6 +1195,24 @@ def _engine_frames() -> Iterator[FrameType]:
         if str(frame.f_globals.get("__name__")).startswith(("cookiecutter.", "cruft.")):
             yield frame
         frame = frame.f_back
+
+
+def _config_errors() -> list[str]:
+    """``check_config`` of the user config the engine has read, with the file named.
+
+    Both engines keep it as ``config_dict`` while they ask. cookiecutter's pre-prompt hook has
+    refused a bad one already; cruft runs none, and a choice it does not take from the file
+    is gone from the context by now (it warned and kept the first one).
+    """
+    frame = next((f for f in _engine_frames() if "config_dict" in f.f_locals), None)
+    if frame is None:
+        return []
+    given = frame.f_locals["config_dict"].get("default_context")
+    names = frame.f_locals.get("config_file"), os.environ.get("COOKIECUTTER_CONFIG")
+    path = next((str(name) for name in names if name), "~/.cookiecutterrc")
+    if not isinstance(given, dict):
+        return [f"default_context: must be a mapping of answers (config file {path})"]
+    return [f"{message} (config file {path})" for message in check_config(given)]
 
 
 def _engine_frame(function: str) -> FrameType | None:

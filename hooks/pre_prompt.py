@@ -23,7 +23,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 # yaml, shutil and tempfile are imported where a config file or a refusal needs them: most
 # bakes have neither, and this hook runs before every one (their imports were half its time).
@@ -31,30 +31,47 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from types import ModuleType
 
-OWN_NAMES = {"cookiecutter", "cookiecutter.exe", "cookiecutter-script.py"}
+OWN_NAMES = {"cookiecutter", "cookiecutter.exe", "cookiecutter-script.py", "cookiecutter.__main__"}
+# cookiecutter's options that take a value (the rest are flags): what follows them is no
+# template and no answer.
+VALUE_OPTIONS = {
+    "-c", "--checkout", "--directory", "--replay-file", "-o", "--output-dir", "--config-file",
+    "--debug-file", "--accept-hooks",
+}  # fmt: skip
 
 
-def cookiecutter_options(argv: list[str]) -> tuple[str | None, bool]:
-    """``--config-file`` and ``--default-config`` of a cookiecutter command line.
+class Command(NamedTuple):
+    """What a cookiecutter command line says about the answers it brings."""
+
+    config_file: str | None  # --config-file
+    default_config: bool  # --default-config: no config file is read
+    extra: dict[str, str]  # key=value after the template
+
+
+def cookiecutter_command(argv: list[str]) -> Command:
+    """The answer sources of a cookiecutter command line.
 
     Only a command line that runs cookiecutter's own CLI counts (a program that calls
     cookiecutter's Python API may have options of its own with these names, pytest has one).
     """
     start = next((i + 1 for i, arg in enumerate(argv[:3]) if Path(arg).name in OWN_NAMES), None)
     if start is None:
-        return None, False
-    config_file, default = None, False
+        return Command(None, False, {})
+    options: dict[str, str] = {}
+    positional: list[str] = []
     words = iter(argv[start:])
     for word in words:
+        name, equals, value = word.partition("=")
         if word == "--":
-            break
-        if word == "--config-file":
-            config_file = next(words, None)
-        elif word.startswith("--config-file="):
-            config_file = word.partition("=")[2]
-        elif word == "--default-config":
-            default = True
-    return config_file, default
+            positional += words
+        elif word.startswith("-") and name in VALUE_OPTIONS:
+            options[name] = value if equals else next(words, "")
+        elif word.startswith("-"):
+            options[word] = ""
+        else:
+            positional.append(word)
+    extra = dict(word.split("=", 1) for word in positional[1:] if "=" in word)
+    return Command(options.get("--config-file"), "--default-config" in options, extra)
 
 
 def parent_command_line() -> list[str]:
@@ -66,18 +83,17 @@ def parent_command_line() -> list[str]:
     return [word.decode(errors="surrogateescape") for word in raw.split(b"\0") if word]
 
 
-def config_path(argv: list[str]) -> Path | None:
+def config_path(command: Command) -> Path | None:
     """The config file cookiecutter has read, found as ``get_user_config`` finds it.
 
     ``--default-config`` reads none; else ``--config-file``, else ``COOKIECUTTER_CONFIG``,
     else ``~/.cookiecutterrc`` if it exists.
     """
-    config_file, default = cookiecutter_options(argv)
-    if default:
+    if command.default_config:
         return None
     # cookiecutter read a relative path from the folder it was started in; it now works in
     # its copy of the template, and only the shell's PWD still names that folder.
-    if config_file := config_file or os.environ.get("COOKIECUTTER_CONFIG"):
+    if config_file := command.config_file or os.environ.get("COOKIECUTTER_CONFIG"):
         return Path(os.environ.get("PWD", "."), config_file)
     rc = Path("~/.cookiecutterrc").expanduser()
     return rc if rc.is_file() else None
@@ -94,17 +110,24 @@ def answer_rules() -> ModuleType:
 
 
 def config_errors(path: Path) -> list[str]:
-    """The config's refused values ([] for a config without default_context)."""
+    """The config's refused values, each with the file named."""
     import yaml  # noqa: PLC0415  (cookiecutter reads its config with PyYAML: it is there)
 
+    where = f"(config file {path})"
     if not path.is_file():
         return [f"cannot find the config file {path} to check it; give its absolute path"]
     config = yaml.safe_load(path.read_text("utf-8"))  # cookiecutter has parsed it already
     default_context = config.get("default_context") if isinstance(config, dict) else None
-    if not isinstance(default_context, dict) or not default_context:
+    if default_context is None:
         return []
-    errors: list[str] = answer_rules().check_config(default_context)
-    return errors
+    if not isinstance(default_context, dict):  # cookiecutter would end in a traceback
+        return [f"default_context: must be a mapping of answers {where}"]
+    return [f"{message} {where}" for message in answer_rules().check_config(default_context)]
+
+
+def command_line_errors(extra: dict[str, str]) -> list[str]:
+    """Choices on the command line outside their list (cookiecutter: a 26-line traceback)."""
+    return [f"{message} (command line)" for message in answer_rules().check_choices(extra)]
 
 
 def remove_template_copy() -> None:
@@ -121,14 +144,16 @@ def remove_template_copy() -> None:
 
 
 def main() -> int:
-    """Print each refused config value as the answer rules say it; 1 if there is one."""
-    path = config_path(parent_command_line())
+    """Print each refused config or command-line value as the rules say it; 1 if there is one."""
+    command = cookiecutter_command(parent_command_line())
+    path = config_path(command)
     errors = config_errors(path) if path else []
+    errors += command_line_errors(command.extra) if command.extra else []
     if not errors:
         return 0
     remove_template_copy()
     for message in errors:
-        print(f"ERROR: {message} (config file {path})", file=sys.stderr)
+        print(f"ERROR: {message}", file=sys.stderr)
     return 1
 
 

@@ -192,6 +192,9 @@ def test_bad_choice_rejected(
     assert result.returncode != 0
     assert field in result.stderr and value in result.stderr
     assert list((tmp_path / "out").iterdir()) == []
+    if engine == "cookiecutter":  # the pre-prompt hook's line, not the engine's traceback
+        expected = f"ERROR: {rules.check_choice(field, value)} (command line)"
+        assert result.stderr.strip() == expected
 
 
 # Private values, given the way each engine lets a user pass them: (engine, answers, message).
@@ -454,6 +457,35 @@ def test_config_file_answers_are_checked_before_rendering(
 
 
 @pytest.mark.parametrize(("engine", "route"), CONFIG_ROUTES)
+def test_choices_from_a_config_are_refused(
+    engine: str, route: str, template: Path, tmp_path: Path
+) -> None:
+    """Both engines warn and bake the first choice; the rules refuse, naming the file."""
+    bad = {"license": "GPL-3.0", "python_version": 3.12, "vscode": False, "cluster": "nersc"}
+    config = _config(tmp_path, bad)
+    out, home = tmp_path / "out", tmp_path / "home"
+    out.mkdir()
+    home.mkdir()
+    env = {"HOME": str(home)}
+    args = [_tool(engine)]
+    args += ["--no-input", "-o", str(out)] if engine == "cookiecutter" else ["create", "--no-input"]
+    args += [] if engine == "cookiecutter" else ["--output-dir", str(out)]
+    if route == "--config-file":
+        args += ["--config-file", str(config)]
+    elif route == "COOKIECUTTER_CONFIG":
+        env["COOKIECUTTER_CONFIG"] = str(config)
+    else:
+        config = home / ".cookiecutterrc"
+        config.write_text(_config(tmp_path, bad).read_text("utf-8"), "utf-8")
+    result = _run_engine([*args, str(template)], tmp_path, **env)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
+    shown = "~/.cookiecutterrc" if route == "~/.cookiecutterrc" and engine == "cruft" else config
+    assert errors == [f"ERROR: {m} (config file {shown})" for m in rules.check_choices(bad)]
+    assert list(out.iterdir()) == [], "a refused choice left something behind"
+
+
+@pytest.mark.parametrize(("engine", "route"), CONFIG_ROUTES)
 def test_a_config_that_removes_the_rules_runs_no_code(
     engine: str, route: str, template: Path, tmp_path: Path
 ) -> None:
@@ -495,6 +527,69 @@ def test_a_config_that_removes_the_rules_runs_no_code(
     assert result.stderr.strip().splitlines() == expected  # the rule's lines, nothing else
     assert result.stdout.strip() == "Pre-Prompt Hook script failed"  # cookiecutter's own
     assert list(temp.iterdir()) == [], "the template copy was left behind"
+
+
+@pytest.mark.parametrize("route", ["--extra-context", "--extra-context-file"])
+def test_cruft_extra_context_that_removes_the_rules_runs_first(
+    route: str, template: Path, tmp_path: Path
+) -> None:
+    """The other route no template can close, and the command that checks such a file.
+
+    cruft renders ``--extra-context`` (``-E``) before any template code, so a value there
+    that removes the rules runs its template syntax; the pre-generation hook refuses the
+    bake after. This test fails when that changes, so the docs can say so.
+    tools/check_answers.py refuses the same file without rendering it.
+    """
+    bad = {"_extensions": [], "project_name": _payload(tmp_path)}
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(bad), "utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    given = [route, json.dumps(bad) if route == "--extra-context" else str(extra)]
+    args = [_tool("cruft"), "create", "--no-input", "--output-dir", str(out), *given]
+    result = _run_engine([*args, str(template)], tmp_path)
+    assert result.returncode != 0
+    assert list(out.iterdir()) == [], "a rejected answer left something behind"
+    assert (tmp_path / MARKER).exists()  # the residual (see the docstring)
+    (tmp_path / MARKER).unlink()
+
+    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py"), str(extra)]
+    checked = _run_engine(checker, tmp_path)
+    assert checked.returncode == 1
+    expected = [f"ERROR: {m} (answers file {extra})" for m in rules.check_config(bad)]
+    assert checked.stderr.splitlines() == expected
+    assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
+
+
+def test_the_answers_checker_reads_every_kind_of_file(
+    replay: dict[str, Any], tmp_path: Path
+) -> None:
+    """Config and rc files, replay files, plain answers; unreadable ones in one line each."""
+    files = {
+        "rc.yaml": "default_context:\n  license: GPL-3.0\n  vscode: no\n",
+        "replay.json": json.dumps(
+            {**replay, "cookiecutter": {**replay["cookiecutter"], "license": "WTFPL"}}
+        ),
+        "data.yml": "project_name: Heat Sim\nci: none\n",
+        "cut.yaml": "default_context: [\n",
+        "binary.yaml": "\udcff",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, "utf-8", errors="surrogateescape")
+    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py")]
+    done = _run_engine([*checker, *files], tmp_path)
+    assert done.returncode == 2  # a file that cannot be read outranks a refused value
+    assert done.stdout == "data.yml (answers file): every value passes the template's rules\n"
+    errors = done.stderr.splitlines()
+    assert [line.rsplit(" (", 1)[-1] for line in errors[:3]] == [
+        "config file rc.yaml)", "config file rc.yaml)", "replay file replay.json)"
+    ]  # fmt: skip
+    assert errors[0].startswith("ERROR: license 'GPL-3.0': must be one of MIT,")
+    assert errors[1].startswith("ERROR: vscode 'False': is read by YAML as bool")
+    assert errors[2].startswith("ERROR: license 'WTFPL': must be one of MIT,")
+    assert errors[3].startswith("ERROR: cannot read cut.yaml: while parsing")
+    assert errors[4].startswith("ERROR: cannot read binary.yaml: 'utf-8' codec")
+    assert len(errors) == 5
 
 
 @pytest.fixture(scope="module")

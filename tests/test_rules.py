@@ -290,13 +290,13 @@ def test_config_files_may_set_answers_only() -> None:
         "__gpu_type": "A100",
         "project_name": "Fine Name",
         "nodes": 2,
-        "git_init": True,
+        "git_init": True,  # YAML's yes: no choice is true
         "mail": None,
         "full_name": "Another template's answer",
     }
     fields = [m.split(" ", 1)[0] for m in rules.check_config(context)]
     assert fields == ["description", "author_name", "license", "cluster", "tracking",
-                      "_extensions", "_template_version", "__gpu_type"]  # fmt: skip
+                      "_extensions", "_template_version", "__gpu_type", "git_init"]  # fmt: skip
     assert rules.check_config({"project_name": "Fine", "author_name": "Jane Doe"}) == []
 
 
@@ -317,20 +317,25 @@ CLI = ["/v/bin/python", "/v/bin/cookiecutter"]
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        ([*CLI, "--config-file", "c.yaml", "t"], ("c.yaml", False)),
-        ([*CLI, "--config-file=/a/c.yaml", "."], ("/a/c.yaml", False)),
-        (["python", "-m", "cookiecutter", "--config-file", "c.yaml", "."], ("c.yaml", False)),
-        ([*CLI, "--default-config", "--config-file", "c", "."], ("c", True)),
-        ([*CLI, ".", "--", "--config-file", "c"], (None, False)),
+        ([*CLI, "--config-file", "c.yaml", "t"], ("c.yaml", False, {})),
+        ([*CLI, "--config-file=/a/c.yaml", "."], ("/a/c.yaml", False, {})),
+        (["python", "-m", "cookiecutter", "--config-file", "c.yaml", "."], ("c.yaml", False, {})),
+        (["python", "-m", "cookiecutter.__main__", "--config-file", "c", "."], ("c", False, {})),
+        ([*CLI, "--default-config", "--config-file", "c", "."], ("c", True, {})),
+        ([*CLI, ".", "--", "--config-file", "c"], (None, False, {})),
+        # answers after the template; option values (even with '=') are none
+        ([*CLI, "-o", "a=b", "t", "ci=no", "x=y=z"], (None, False, {"ci": "no", "x": "y=z"})),
+        ([*CLI, "--no-input", "t", "--checkout", "v1", "ci=none"], (None, False, {"ci": "none"})),
         # another program's option of that name (pytest has one) is not cookiecutter's
-        (["/v/bin/python", "/v/bin/pytest", "--config-file", "pytest.ini"], (None, False)),
-        ([], (None, False)),
+        (["/v/bin/python", "/v/bin/pytest", "--config-file", "pytest.ini"], (None, False, {})),
+        ([], (None, False, {})),
     ],
-)
+)  # fmt: skip
 def test_pre_prompt_hook_reads_cookiecutters_command_line(
-    argv: list[str], expected: tuple[str | None, bool]
+    argv: list[str], expected: tuple[str | None, bool, dict[str, str]]
 ) -> None:
-    assert _pre_prompt().cookiecutter_options(argv) == expected
+    command = _pre_prompt().cookiecutter_command(argv)
+    assert (command.config_file, command.default_config, command.extra) == expected
 
 
 def test_pre_prompt_hook_finds_the_config_cookiecutter_reads(
@@ -338,24 +343,51 @@ def test_pre_prompt_hook_finds_the_config_cookiecutter_reads(
 ) -> None:
     """The order of cookiecutter.config.get_user_config: default, file, variable, rc file."""
     hook = _pre_prompt()
-    cli = ["py", "cookiecutter"]
+
+    def found(*argv: str) -> Path | None:
+        return hook.config_path(hook.cookiecutter_command(["py", "cookiecutter", *argv]))
+
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PWD", str(tmp_path / "start"))
     monkeypatch.delenv("COOKIECUTTER_CONFIG", raising=False)
-    assert hook.config_path(cli) is None  # no rc file
+    assert found() is None  # no rc file
     (tmp_path / ".cookiecutterrc").write_text("default_context: {}\n", "utf-8")
-    assert hook.config_path(cli) == tmp_path / ".cookiecutterrc"
+    assert found() == tmp_path / ".cookiecutterrc"
     monkeypatch.setenv("COOKIECUTTER_CONFIG", str(tmp_path / "env.yaml"))
-    assert hook.config_path(cli) == tmp_path / "env.yaml"
+    assert found() == tmp_path / "env.yaml"
     monkeypatch.setenv("COOKIECUTTER_CONFIG", "env.yaml")  # relative: to where it started
-    assert hook.config_path(cli) == tmp_path / "start" / "env.yaml"
-    assert hook.config_path([*cli, "--config-file", "c.yaml"]) == tmp_path / "start" / "c.yaml"
-    assert hook.config_path([*cli, "--config-file", "c.yaml", "--default-config"]) is None
+    assert found() == tmp_path / "start" / "env.yaml"
+    assert found("--config-file", "c.yaml") == tmp_path / "start" / "c.yaml"
+    assert found("--config-file", "c.yaml", "--default-config") is None
     missing = hook.config_errors(tmp_path / "missing.yaml")
     assert len(missing) == 1 and "cannot find the config file" in missing[0]
     for text in ("", "abbreviations: {}\n", "default_context:\n", "[1, 2]\n"):
         (tmp_path / "c.yaml").write_text(text, "utf-8")
         assert hook.config_errors(tmp_path / "c.yaml") == [], text
+    (tmp_path / "c.yaml").write_text("default_context: [license]\n", "utf-8")
+    listed = f"default_context: must be a mapping of answers (config file {tmp_path}/c.yaml)"
+    assert hook.config_errors(tmp_path / "c.yaml") == [listed]
+
+
+@pytest.mark.parametrize(
+    ("given", "rule"),
+    [
+        ({"license": "GPL-3.0"}, "must be one of MIT, BSD-3-Clause, Apache-2.0, proprietary"),
+        ({"python_version": 3.12}, "is read by YAML as float, not text: write '3.12' in quotes"),
+        ({"vscode": False}, "is read by YAML as bool, not text: write 'no' in quotes"),
+        ({"example": 1}, "must be one of yes, no"),  # 1 is no 'yes'
+        ({"ci": ["github"]}, "must be one of gitlab, github, none"),
+        ({"cluster": None}, "must be one of grete, generic"),
+    ],
+)
+def test_choices_from_a_config_are_compared_as_the_engine_does(
+    given: dict[str, Any], rule: str
+) -> None:
+    """cookiecutter keeps the first choice for any of these (a warning, or a traceback)."""
+    [(field, value)] = given.items()
+    assert rules.check_choices(given) == [f"{field} {str(value)!r}: {rule}"]
+    assert rules.check_config(given) == rules.check_choices(given)
+    assert rules.check_choices({"license": "MIT", "vscode": "no", "project_name": "x"}) == []
 
 
 def test_values_differing_from_the_template_are_checked_before_rendering() -> None:
