@@ -913,6 +913,13 @@ class Validation(Extension):
         environment.globals["hpc_year"] = hpc_year
         # cookiecutter ships a slugify filter; copier does not.
         environment.filters.setdefault("slugify", to_slug)
+        # copier makes this environment as it begins to ask, and casts a given list or
+        # mapping to a question's type before any validator runs (a traceback): refuse here.
+        worker = _copier_worker()
+        for field, value in (worker.answers.init if worker else {}).items():
+            if isinstance(value, (list, dict)) and not field.startswith("_"):
+                rule = check_choice(field, str(value)) if field in CHOICES else ""
+                _stop_given(rule or _say(field, value, "must be text"))
 
 
 @pass_context

@@ -646,8 +646,10 @@ def test_replay_file_answers_are_checked(
         ('author_name: "\\ud800"', "author_name '\\ud800': must not contain the invisible"),
         ('_template_version: "9.9.9"', "_template_version '9.9.9': is the template's own"),
         ("license: WTFPL", "license 'WTFPL': must be one of MIT, BSD-3-Clause"),
+        ("license: [MIT]", "license \"['MIT']\": must be one of MIT, BSD-3-Clause"),
+        ("project_name: {a: b}", "project_name \"{'a': 'b'}\": must be text"),
     ],
-    ids=["template-syntax", "surrogate", "private", "choice"],
+    ids=["template-syntax", "surrogate", "private", "choice", "list", "mapping"],
 )
 def test_copier_data_file_answers_end_with_the_rule(
     data: str, message: str, template: Path, tmp_path: Path
