@@ -20,6 +20,7 @@ successful bake: a refusal removes that copy itself.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ class Command(NamedTuple):
     config_file: str | None  # --config-file
     default_config: bool  # --default-config: no config file is read
     extra: dict[str, str]  # key=value after the template
+    replay_file: str | None  # --replay-file
 
 
 def cookiecutter_command(argv: list[str]) -> Command:
@@ -56,7 +58,7 @@ def cookiecutter_command(argv: list[str]) -> Command:
     """
     start = next((i + 1 for i, arg in enumerate(argv[:3]) if Path(arg).name in OWN_NAMES), None)
     if start is None:
-        return Command(None, False, {})
+        return Command(None, False, {}, None)
     options: dict[str, str] = {}
     positional: list[str] = []
     words = iter(argv[start:])
@@ -71,7 +73,17 @@ def cookiecutter_command(argv: list[str]) -> Command:
         else:
             positional.append(word)
     extra = dict(word.split("=", 1) for word in positional[1:] if "=" in word)
-    return Command(options.get("--config-file"), "--default-config" in options, extra)
+    config_file, replay_file = options.get("--config-file"), options.get("--replay-file")
+    return Command(config_file, "--default-config" in options, extra, replay_file)
+
+
+def started_in(name: str) -> Path:
+    """A path cookiecutter read relative to the folder it was started in.
+
+    cookiecutter now works in its copy of the template; only the shell's PWD still names
+    that folder.
+    """
+    return Path(os.environ.get("PWD", "."), name)
 
 
 def parent_command_line() -> list[str]:
@@ -91,10 +103,8 @@ def config_path(command: Command) -> Path | None:
     """
     if command.default_config:
         return None
-    # cookiecutter read a relative path from the folder it was started in; it now works in
-    # its copy of the template, and only the shell's PWD still names that folder.
     if config_file := command.config_file or os.environ.get("COOKIECUTTER_CONFIG"):
-        return Path(os.environ.get("PWD", "."), config_file)
+        return started_in(config_file)
     rc = Path("~/.cookiecutterrc").expanduser()
     return rc if rc.is_file() else None
 
@@ -130,6 +140,24 @@ def command_line_errors(extra: dict[str, str]) -> list[str]:
     return [f"{message} (command line)" for message in answer_rules().check_choices(extra)]
 
 
+def replay_gaps(path: Path) -> list[str]:
+    """The answers a replay file lacks (cookiecutter would ask for them, then crash).
+
+    It asks for a missing answer with only the other missing ones at hand, so a default that
+    uses a recorded answer (``project_slug`` from ``project_name``) ends in a traceback.
+    """
+    try:
+        recorded = json.loads(path.read_text("utf-8")).get("cookiecutter")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return [f"cannot read the replay file {path} as JSON with a 'cookiecutter' mapping"]
+    template = json.loads(Path("cookiecutter.json").read_text("utf-8"))  # in the copy
+    rule = "a replay file holds every answer; bake once without it to write a complete one"
+    missing = [k for k in template if k != "__prompts__" and k not in recorded]
+    return [f"{field}: missing from the replay file {path}; {rule}" for field in missing]
+
+
 def remove_template_copy() -> None:
     """Remove the template copy this hook runs in, which cookiecutter leaves on a failure."""
     import shutil  # noqa: PLC0415
@@ -149,6 +177,7 @@ def main() -> int:
     path = config_path(command)
     errors = config_errors(path) if path else []
     errors += command_line_errors(command.extra) if command.extra else []
+    errors += replay_gaps(started_in(command.replay_file)) if command.replay_file else []
     if not errors:
         return 0
     remove_template_copy()

@@ -639,6 +639,24 @@ def test_replay_file_answers_are_checked(
     assert not out.exists() or list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("missing", [["project_slug"], ["author_name", "__gpu_type"]])
+def test_a_replay_file_that_lacks_answers_names_them(
+    missing: list[str], replay: dict[str, Any], template: Path, tmp_path: Path
+) -> None:
+    """cookiecutter would ask for them and crash rendering a default (project_slug's)."""
+    kept = {k: v for k, v in replay["cookiecutter"].items() if k not in missing}
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps({**replay, "cookiecutter": kept}), "utf-8")
+    out = tmp_path / "out"
+    args = [_tool("cookiecutter"), "-o", str(out), "--replay-file", path.name, str(template)]
+    result = _run_engine(args, tmp_path, PWD=str(tmp_path))
+    assert result.returncode != 0
+    rule = "a replay file holds every answer; bake once without it to write a complete one"
+    expected = [f"ERROR: {f}: missing from the replay file {path}; {rule}" for f in missing]
+    assert result.stderr.splitlines() == expected
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
