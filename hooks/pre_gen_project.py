@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 import unicodedata
 from pathlib import Path
@@ -985,7 +986,22 @@ def _stop_on(errors: list[str]) -> None:
     for message in errors:
         print(f"ERROR: {message}", file=sys.stderr)
     if errors:
+        _remove_template_copy()
         raise SystemExit(1)
+
+
+def _remove_template_copy() -> None:
+    """Remove the copy of the template cookiecutter made for its pre-prompt hook.
+
+    cookiecutter removes it only after a bake that succeeds; each refusal left 3.6 MB in the
+    temporary folder. Its ``repo_dir`` is then the copy, not the template it was given.
+    """
+    frame = _engine_frame("cookiecutter")
+    names = frame.f_locals if frame else {}
+    if names.get("cleanup") and names.get("repo_dir") != names.get("base_repo_dir"):
+        copy = Path(str(names["repo_dir"])).parent  # tempfile.mkdtemp(prefix="cookiecutter")
+        if copy.name.startswith("cookiecutter") and copy.parent == Path(tempfile.gettempdir()):
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def check_given(answers: Mapping[str, Any], template: Mapping[str, Any]) -> list[str]:

@@ -43,7 +43,7 @@ def _tool(name: str) -> str:
     return str(found) if found.exists() else shutil.which(name) or name
 
 
-def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bake:
+def bake(engine: str, template: Path, out: Path, answers: dict[str, str], **env: str) -> Bake:
     """Generate a project with one engine; ``out`` is an empty parent folder."""
     slug = answers.get("project_slug") or rules.to_slug(
         answers.get("project_name", "My HPC Project"), max_length=rules.MAX_SLUG
@@ -61,8 +61,10 @@ def bake(engine: str, template: Path, out: Path, answers: dict[str, str]) -> Bak
         args += ["--extra-context", json.dumps(answers), str(template)]
     else:
         raise ValueError(engine)
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env, cwd=out)
+    environment = {**os.environ, "GIT_TERMINAL_PROMPT": "0", **env}
+    done = subprocess.run(
+        args, capture_output=True, text=True, check=False, env=environment, cwd=out
+    )
     return Bake(engine, done.returncode, done.stdout, done.stderr, out / slug)
 
 

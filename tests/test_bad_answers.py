@@ -250,15 +250,18 @@ def test_rejected_before_the_engine_renders_or_writes(
 ) -> None:
     """The rule's one line, whatever the engine would do with the answer first."""
     field = next(iter(answers))
-    result = bake(engine, template, tmp_path / "out", answers)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    result = bake(engine, template, tmp_path / "out", answers, TMPDIR=str(temp))
     assert result.returncode != 0
     assert f"{field} " in result.stderr, result.stderr[-2000:]
     if engine != "copier":  # copier frames its message in its own words, over a few lines
         expected = rules.check(field, answers[field], answers, PRESETS)
         assert result.stderr.strip().splitlines() == [f"ERROR: {expected}"]
         assert result.stdout.strip() == ""
-    assert list(tmp_path.iterdir()) == [tmp_path / "out"], "written beside the output folder"
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "out", temp], "written beside the output"
     assert list((tmp_path / "out").iterdir()) == []
+    assert list(temp.iterdir()) == [], "a copy of the template left in the temporary folder"
 
 
 @pytest.mark.parametrize(
