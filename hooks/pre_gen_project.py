@@ -900,8 +900,13 @@ def check(field: str, value: object, answers: Mapping[str, Any], presets: Mappin
 
 
 def validate(answers: Mapping[str, Any], presets: Mapping[str, Any]) -> list[str]:
-    """Check all answers; return one message per rejected field, in question order."""
-    return [m for field in answers if (m := check(field, answers[field], answers, presets))]
+    """Check all answers; return each message once, in question order.
+
+    A field derived from another reports that one's message (an empty ``project_slug`` from
+    a blank ``project_name``), which is shown once.
+    """
+    found = (check(field, answers[field], answers, presets) for field in answers)
+    return list(dict.fromkeys(m for m in found if m))
 
 
 class Validation(Extension):
