@@ -176,7 +176,7 @@ def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> N
     assert extras["mlflow"][0].startswith("mlflow-skinny")
     assert "dev" not in extras
     dev = data["dependency-groups"]["dev"]
-    for name in ("pytest", "pre-commit", "ruff", "mypy", "codespell"):
+    for name in ("pytest", "hypothesis", "pre-commit", "ruff", "mypy", "codespell"):
         assert any(Requirement(req).name == name for req in dev), name
     pytest_cfg = data["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in pytest_cfg["addopts"]

@@ -196,22 +196,30 @@ def open_study(space: Space, settings: Settings) -> Any:
     folder.mkdir(parents=True, exist_ok=True)
     journal = folder / "optuna.journal"
     check_journal(journal)
-    # The journal is an append-only file with a lock file beside it: it works on NFS and
-    # Lustre, where SQLite's locking does not, and needs no server.
-    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
     pruner = (
         optuna.pruners.MedianPruner(n_startup_trials=space.prune_after)
         if space.pruner == "median"
         else optuna.pruners.NopPruner()
     )
-    return optuna.create_study(
-        study_name=space.name,
-        storage=storage,
-        direction="minimize" if space.direction == "min" else "maximize",
-        sampler=optuna.samplers.TPESampler(seed=space.seed),
-        pruner=pruner,
-        load_if_exists=True,
-    )
+    try:
+        # The journal is an append-only file with a lock file beside it: it works on NFS and
+        # Lustre, where SQLite's locking does not, and needs no server. Optuna replays it
+        # here, whole.
+        storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+        return optuna.create_study(
+            study_name=space.name,
+            storage=storage,
+            direction="minimize" if space.direction == "min" else "maximize",
+            sampler=optuna.samplers.TPESampler(seed=space.seed),
+            pruner=pruner,
+            load_if_exists=True,
+        )
+    except Exception as err:  # records that parse but do not replay: any error is the file's
+        why = " ".join(f"{type(err).__name__}: {err}".split())
+        raise ConfigError(
+            f"{journal}: Optuna cannot replay it ({why}; the file is damaged): restore it "
+            "from a copy, or start the sweep again under another sweep.name"
+        ) from err
 
 
 def _ends(space: Space) -> list[dict[str, searchspace.Scalar]]:
@@ -267,8 +275,8 @@ def _start_study(
                 f"sweep.name {space.name!r}: {copy} holds another search space (only trials "
                 "and concurrency may change); give the sweep a new name"
             )
+    study = open_study(space, settings)  # a journal it cannot replay: nothing written
     _write_whole(copy, text)
-    study = open_study(space, settings)
     states = _optuna().trial.TrialState
     if not study.trials:
         for point in space.enqueue:
