@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from sync_questions import load_rules
 
@@ -89,3 +91,16 @@ def ruff_problems(project: Path) -> str:
         if done.returncode != 0:
             report += done.stdout + done.stderr
     return report
+
+
+def status_tool() -> ModuleType:
+    """The generated project's tools/template_status.py, loaded as a module once."""
+    path = ROOT / "{{cookiecutter.project_slug}}" / "tools" / "template_status.py"
+    if "template_status" in sys.modules:
+        return sys.modules["template_status"]
+    spec = importlib.util.spec_from_file_location("template_status", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

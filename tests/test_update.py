@@ -18,7 +18,6 @@ on a fresh copy each.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,12 +26,11 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 from conftest import ROOT, git, snapshot_template
-from engines import BIN, Bake, bake, rules
+from engines import BIN, Bake, bake, rules, status_tool
 from pathspec import PathSpec
 from sync_questions import copier_skip_patterns
 from test_docs_tutorial import missing_lines
@@ -59,17 +57,7 @@ SCRIPT_EDIT = "# my own note on this job\n"
 ENGINES = ("copier", "cruft")
 
 
-def _load_status_module() -> ModuleType:
-    path = ROOT / TEMPLATE_DIR / "tools" / "template_status.py"
-    spec = importlib.util.spec_from_file_location("template_status", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-status = _load_status_module()
+status = status_tool()
 
 
 def _next(version: str, step: int) -> str:

@@ -129,6 +129,15 @@ def load_record(root: Path) -> dict[str, Any]:
         raise StatusError(f"{path}: not a readable release record ({exc})") from None
     if not isinstance(record, dict) or not isinstance(record.get("version"), str):
         raise StatusError(f"{path}: damaged release record (no version string)")
+    owned, answers = record.get("project_owned"), record.get("answers")
+    if not (
+        isinstance(owned, list)
+        and all(isinstance(pattern, str) for pattern in owned)
+        and isinstance(answers, dict)
+        and all(isinstance(value, str) for value in answers.values())
+    ):
+        raise StatusError(f"{path}: damaged release record (project_owned, answers: texts)")
+    _version(record["version"], where=str(path))
     return record
 
 
@@ -143,8 +152,8 @@ def _yaml_scalar(text: str) -> str:
     return text
 
 
-def recorded_source(root: Path) -> tuple[str, str] | None:
-    """(template source, commit) from copier's or cruft's answers file, if there is one."""
+def recorded_source(root: Path) -> tuple[str, str, Path] | None:
+    """(template source, commit, file) from copier's or cruft's answers file, if there is one."""
     copier, cruft = root / COPIER_ANSWERS, root / CRUFT_STATE
     try:
         if copier.is_file():
@@ -154,10 +163,10 @@ def recorded_source(root: Path) -> tuple[str, str] | None:
                 if key in {"_src_path", "_commit"}:
                     found[key] = _yaml_scalar(value)
             if "_src_path" in found:
-                return found["_src_path"], found.get("_commit", "")
+                return found["_src_path"], found.get("_commit", ""), copier
         if cruft.is_file():
             state = json.loads(cruft.read_text("utf-8"))
-            return str(state["template"]), str(state.get("commit") or "")
+            return str(state["template"]), str(state.get("commit") or ""), cruft
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StatusError(
             f"{root}: a damaged answers record ({type(exc).__name__}: {exc})"
@@ -350,7 +359,12 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         )
     # The recorded commit, where the template has it; else the recorded release's tag.
     commit = recorded[1] if recorded else ""
-    repo = templates.get(resolve_local(source, root))
+    try:
+        repo = templates.get(resolve_local(source, root))
+    except StatusError as exc:
+        if template or not recorded:
+            raise
+        raise StatusError(f"{exc} (the template source recorded in {recorded[2]})") from None
     tags = releases(repo)
     if tags:
         newest = max(tags)

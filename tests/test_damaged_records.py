@@ -1,0 +1,118 @@
+"""template-status over damaged records: a report, or one line naming the file; never more.
+
+Hypothesis cuts the release record (``.hpc-ml-template.json``) or cruft's answers file
+(``.cruft.json``) short, flips one of its bits, puts bytes into it that are not UTF-8, or puts
+a value of the wrong type where a text or a number was. The tool either reads the file as it
+now stands or ends with one line that names it, and changes nothing in the project. Copier's
+answers file is read line by line for two keys (``_src_path``, ``_commit``), which the same
+damage cannot make crash; it is covered by the fleet tests in test_update.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from engines import status_tool
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+if TYPE_CHECKING:
+    from engines import Bake
+
+EXAMPLES = settings(
+    max_examples=25,
+    deadline=None,  # each example clones the template: a loaded machine takes its time
+    derandomize=True,  # a run here is the run in CI
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+VALUE = re.compile(rb'"[^"\\]*"|-?\d+')
+
+
+status = status_tool()
+
+
+def damage(original: bytes) -> st.SearchStrategy[bytes]:
+    """The file cut short, one bit flipped, foreign bytes put in, or a value retyped."""
+    end = len(original)
+    values = [m.span() for m in VALUE.finditer(original)]
+    cut = st.integers(0, end - 1).map(lambda i: original[:i])
+    flip = st.tuples(st.integers(0, end - 1), st.integers(0, 7)).map(
+        lambda at: original[: at[0]] + bytes([original[at[0]] ^ 1 << at[1]]) + original[at[0] + 1 :]
+    )
+    foreign = st.tuples(st.integers(0, end), st.sampled_from([b"\xff", b"\xe9", b"\x00"])).map(
+        lambda at: original[: at[0]] + at[1] + original[at[0] :]
+    )
+    retyped = st.tuples(
+        st.sampled_from(values), st.sampled_from([b"7", b"[]", b"{}", b"null", b'"x"'])
+    ).map(lambda at: original[: at[0][0]] + at[1] + original[at[0][1] :])
+    return st.one_of(cut, flip, foreign, retyped)
+
+
+def files_below(root: Path) -> dict[Path, bytes]:
+    return {
+        p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts
+    }
+
+
+@pytest.fixture
+def project(default_bake: Bake, template: Path, tmp_path: Path) -> Path:
+    """The default project with a cruft answers file beside its release record, in git."""
+    root = tmp_path / "project"
+    shutil.copytree(default_bake.project, root, symlinks=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=template, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    answers = json.loads((root / status.RECORD).read_text("utf-8"))["answers"]
+    state = {"template": str(template), "commit": commit, "context": {"cookiecutter": answers}}
+    (root / status.CRUFT_STATE).write_text(json.dumps(state, indent=2), "utf-8")
+    return root
+
+
+def status_of(
+    project: Path, name: str, text: bytes, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Damage ``name`` to ``text``; the tool reports or names the file in one line."""
+    path = project / name
+    whole = path.read_bytes()
+    path.write_bytes(text)
+    before = files_below(project)
+    monkeypatch.chdir(project)
+    capsys.readouterr()
+    try:
+        code = status.main([])
+    finally:
+        path.write_bytes(whole)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if code == status.FAILED:
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("template-status: ") and str(project) in err, err
+    else:
+        assert err == "" and out.startswith("This project: "), (code, out, err)
+    path.write_bytes(text)
+    assert files_below(project) == before
+    path.write_bytes(whole)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_a_damaged_release_record_is_read_or_named(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, data: st.DataObject
+) -> None:
+    whole = (project / status.RECORD).read_bytes()
+    status_of(project, status.RECORD, data.draw(damage(whole)), monkeypatch, capsys)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_a_damaged_cruft_answers_file_is_read_or_named(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, data: st.DataObject
+) -> None:
+    whole = (project / status.CRUFT_STATE).read_bytes()
+    status_of(project, status.CRUFT_STATE, data.draw(damage(whole)), monkeypatch, capsys)
