@@ -11,6 +11,7 @@ project's suite must stay green.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -150,3 +151,18 @@ def test_own_task_and_data_in_a_fresh_bake(template: Path, tmp_path: Path) -> No
     done = run([*pytest, "tests/test_task_contract.py", "-k", "sensor"], project, env)
     assert done.returncode == 0, done.stdout[-3000:]
     assert done.stdout.splitlines()[-1].startswith("3 passed")
+
+    # Without its processed data the contract test prepares the task itself; without its
+    # raw data too, it fails (never skips) with the command that makes the data.
+    shutil.rmtree(project / "data" / "processed" / "sensor")
+    done = run([*pytest, "tests/test_task_contract.py", "-k", "sensor"], project, env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    (project / "data" / "raw" / "readings.csv").unlink()
+    done = run([*pytest, "tests/test_task_contract.py", "-k", "sensor"], project, env)
+    assert done.returncode == 1 and "3 errors" in done.stdout.splitlines()[-1], done.stdout
+    raw = project / "data" / "raw"
+    assert (
+        f"task sensor: no processed data, and its prepare cannot make it from {raw}: "
+        f"{raw / 'readings.csv'} not found" in done.stdout
+    )
+    assert "then run `prepare task.name=sensor`" in done.stdout

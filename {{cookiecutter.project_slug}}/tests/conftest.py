@@ -112,9 +112,19 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         assert torch.equal(value, b[key]), key
 
 
+# The example tasks the template ships, and the raw file each reads.
+EXAMPLE_RAW = {
+    "digits": DIGITS,
+    "images": DIGITS,
+    "regression": DIGITS,
+    "lm": CORPUS,
+    "hub_lm": CORPUS,
+}
+
+
 def example_task(name: str) -> bool:
     """True while the shipped example (its task module and raw file) is in the project."""
-    raw = CORPUS if name in {"lm", "hub_lm"} else DIGITS
+    raw = EXAMPLE_RAW.get(name, DIGITS)
     return raw.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
 
 
