@@ -129,6 +129,9 @@ def test_pre_commit_catches_real_problems(
     }
     (project / "notebooks" / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
     run(["git", "add", "-A"], project)
+    # A new task module not added to git yet: pre-commit alone would not see it.
+    untracked = project / "src" / project.name / "tasks" / "fresh.py"
+    untracked.write_text('"""A task in the making."""\n\nimport sys\n')
     # What `copier update` leaves in a file both sides changed, unstaged, and exits 0 on.
     job = project / "slurm" / "train.sbatch"
     lines = job.read_text("utf-8").splitlines(keepends=True)
@@ -158,6 +161,10 @@ def test_pre_commit_catches_real_problems(
     stripped = json.loads((project / "notebooks" / "explore.ipynb").read_text())
     assert stripped["cells"][0]["outputs"] == []
     assert "import os" not in scratch.read_text()
+    assert "import sys" not in untracked.read_text()  # ruff --fix reached it
+    assert (
+        "?? " + str(untracked.relative_to(project)) in run(["git", "status", "-s"], project).stdout
+    )
 
 
 # --- pyproject ---------------------------------------------------------------------------------
@@ -340,7 +347,8 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         assert f"apptainer exec --nv --bind {raw}:{raw}:ro --env PYTHONPATH={project}/src" in train
         assert f"container/{slug}.sif python -m {slug} train" in train
         assert "sbatch container/build.sh" in dry("container")
-    assert "pre-commit run --all-files" in dry("lint")
+    assert "git ls-files -z --others --exclude-standard" in dry("lint")
+    assert "pre-commit run --files" in dry("lint")
     assert "-m pytest" in dry("test")
 
 
