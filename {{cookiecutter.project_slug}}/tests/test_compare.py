@@ -200,7 +200,7 @@ def test_packed_runs_share_the_gpu_memory_budget_cores_and_gpu_hours(
     assert runtime.fits_in_memory(3 * 10**9, 4.0, cuda)  # under half the free memory
     assert not runtime.fits_in_memory(3 * 10**9, 4.0, cuda, share=2)  # over a quarter
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
-    assert runtime.cpu_share(distributed.DistEnv(), {"PACKED_RUNS": "4"}) == 2
+    assert runtime.cpu_share(distributed.DistEnv(), {"PACKED_RUNS": "4", "SLURM_JOB_ID": "7"}) == 2
     job = {"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "1", "SLURM_JOB_NUM_NODES": "1"}
     cpu = torch.device("cpu")
     assert runtime.billed_gpus(cpu, 1, job) == 1  # the allocation counts, used or not

@@ -76,7 +76,9 @@ def compare_reader(name: str) -> Callable[..., None]:
 
     @EXAMPLES
     @given(data=st.data())
-    def read(one_run: Path, project: Path, capsys: pytest.CaptureFixture[str], data: st.DataObject) -> None:
+    def read(
+        one_run: Path, project: Path, capsys: pytest.CaptureFixture[str], data: st.DataObject
+    ) -> None:
         runs = project / "runs"
         shutil.rmtree(runs, ignore_errors=True)
         for run in ("good", "hurt"):

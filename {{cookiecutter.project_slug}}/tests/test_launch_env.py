@@ -100,8 +100,37 @@ def test_cpu_budget_follows_the_allocation_not_the_node() -> None:
     assert runtime.cpus_available({"SLURM_CPUS_PER_TASK": "1"}) == 1
     assert runtime.default_workers(single, {"SLURM_CPUS_PER_TASK": "1"}) == 0
     torchrun = distributed.DistEnv(local_world_size=2, world_size=2, launcher="torchrun")
-    cpus = runtime.cpus_available({})
-    assert runtime.cpu_share(torchrun, {}) == max(1, cpus // 2)
+    cpus, job = runtime.cpus_available({}), {"SLURM_JOB_ID": "7"}
+    assert runtime.cpu_share(torchrun, job) == max(1, cpus // 2)
+    assert runtime.cpu_share(single, job) == cpus  # an allocation is the job's own
+
+
+def test_outside_a_job_half_the_cores_count(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A laptop or a shared login node runs other work: its threads must not wait for it."""
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
+    single = distributed.DistEnv()
+    assert runtime.cpu_share(single, {}) == 4
+    assert runtime.default_workers(single, {}) == 3
+    assert runtime.cpu_share(single, {"SLURM_JOB_ID": "7"}) == 8
+    for var in ("OMP_NUM_THREADS", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    before = torch.get_num_threads()
+    try:
+        runtime.limit_threads(single)
+        assert torch.get_num_threads() == 4
+        note = runtime.threads_note()
+        assert note.startswith("4 threads (outside a Slurm job half of the 8 cores")
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice is kept
+        torch.set_num_threads(3)
+        runtime.limit_threads(single)
+        assert (torch.get_num_threads(), runtime.threads_note()) == (
+            3,
+            "3 threads (OMP_NUM_THREADS)",
+        )
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cpu_share_divides_a_shared_mask_among_the_nodes_processes(
@@ -111,10 +140,12 @@ def test_cpu_share_divides_a_shared_mask_among_the_nodes_processes(
     node = {"world_size": 8, "local_world_size": 4}
     srun = distributed.DistEnv(launcher="slurm", **node)
     torchrun = distributed.DistEnv(launcher="torchrun", **node)
-    assert runtime.cpu_share(distributed.DistEnv(), {}) == 8
-    assert runtime.cpu_share(srun, {}) == 2  # four tasks see the same eight cores
-    assert runtime.cpu_share(srun, {"SLURM_CPUS_PER_TASK": "8"}) == 8  # each task its own
-    assert runtime.cpu_share(torchrun, {"SLURM_CPUS_PER_TASK": "8"}) == 2  # one task, shared
+    job = {"SLURM_JOB_ID": "7"}
+    assert runtime.cpu_share(distributed.DistEnv(), job) == 8
+    assert runtime.cpu_share(srun, job) == 2  # four tasks see the same eight cores
+    each = {**job, "SLURM_CPUS_PER_TASK": "8"}
+    assert runtime.cpu_share(srun, each) == 8  # each task its own
+    assert runtime.cpu_share(torchrun, each) == 2  # one task, shared
 
 
 @pytest.mark.parametrize(("n", "world", "epoch"), [(103, 1, 0), (103, 3, 2), (64, 4, 5)])

@@ -44,6 +44,14 @@ def _verify_raw(cfg: Config, settings: Settings) -> None:
         rawdata.verify_raw(settings.raw_dir, settings.project_root / rawdata.MANIFEST_PATH)
 
 
+def _limit_threads() -> str:
+    """The one thread rule of every command that computes (engine.runtime.cpu_share)."""
+    from .engine import distributed, runtime  # noqa: PLC0415  (imports torch)
+
+    runtime.limit_threads(distributed.resolve_env())
+    return runtime.threads_note()
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Raw data -> the task's processed data (all or nothing)."""
     settings = get_settings()
@@ -52,9 +60,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from .data.processed import prepare  # noqa: PLC0415  (imports torch)
     from .task import load_task  # noqa: PLC0415
 
+    threads = _limit_threads()
     task = load_task(cfg, settings)
     print(prepare(task))
-    print(f"wrote {task.processed_dir}")
+    print(f"wrote {task.processed_dir} ({threads})")
     return 0
 
 
@@ -104,6 +113,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             runs = ", ".join(found) if found else "none yet: train first"
             raise DataError(f"--run {args.run}: no such run in {settings.runs_dir}; runs: {runs}")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
+    _limit_threads()
     result = evaluate_run(run_dir, settings, args.device)
     print(json.dumps(result, indent=2))
     return 0
@@ -119,6 +129,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
     out = args.out or run_dir / ("adapters" if args.adapters else "export")
+    _limit_threads()
     export_run(
         run_dir,
         out,
@@ -171,6 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cluster.nodes, cluster.gpus_per_node = 1, args.gpus
     if args.gpu_memory:
         cluster.gpu_gb, cluster.gpu_memory = args.gpu_memory, f"{args.gpu_memory:g}G (--gpu-memory)"
+    _limit_threads()
     run_plan(cfg, settings, cluster, args.disk_mb)
     return 0
 

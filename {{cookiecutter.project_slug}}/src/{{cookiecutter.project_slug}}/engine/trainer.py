@@ -59,6 +59,7 @@ from .runtime import (
     packed_runs,
     pick_device,
     seed_everything,
+    threads_note,
 )
 from .train_scalars import TrainScalars
 
@@ -587,7 +588,7 @@ class Trainer:
             f"run {self.name}: {self.denv.world_size} process(es) via {self.denv.launcher}, "
             f"device {self.device}, precision {self.dtype or torch.float32}, {feed}, "
             f"{self.total_steps} steps ({self.steps_per_epoch}/epoch), "
-            f"global batch {self.global_batch}"
+            f"global batch {self.global_batch}, {threads_note()}"
         )
         progress = Progress(
             self.cfg.run.progress,
