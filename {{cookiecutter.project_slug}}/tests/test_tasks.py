@@ -359,7 +359,19 @@ def test_misuse_gets_one_line(project: Path, args: list[str], code: int, message
     out = run_cli("train", *FAST, "run.name=bad", *args, project=project)
     assert out.returncode == code, out.stderr
     assert message in one_line(out)
+    assert "for this task and settings" not in one_line(out)  # prepare mends none of these
     assert not (project / "runs" / "bad" / "checkpoints").exists()
+
+
+def test_missing_processed_data_names_the_prepare_command_for_this_task(project: Path) -> None:
+    if not example_task("digits"):
+        pytest.skip("the digits example is not part of this project (any more)")
+    given = ["task.name=digits", "data.verify_raw=false", "run.name=x"]
+    out = run_cli("train", *given, project=project)
+    assert out.returncode == 1
+    command = " ".join([PACKAGE, "prepare", *given])
+    hint = f"run `prepare` first; for this task and settings: `{command}`"
+    assert one_line(out).rstrip().endswith(hint), out.stderr
 
 
 def test_a_task_changed_under_a_run_name_is_refused(project: Path) -> None:

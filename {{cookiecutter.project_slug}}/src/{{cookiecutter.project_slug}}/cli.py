@@ -82,8 +82,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         with diagnostics.session(settings.runs_dir / name, cfg.run.debug, cfg.run.profile_steps):
             result = train(cfg, settings=settings, check_raw=lambda: _verify_raw(cfg, settings))
     except DataError as err:
-        if (settings.processed_dir / cfg.task.name).is_dir():
-            raise
+        if "run `prepare`" not in str(err) or (settings.processed_dir / cfg.task.name).is_dir():
+            raise  # a stream, a sample that cannot be batched: prepare would not help
         # `prepare` alone would prepare the default task: say the command for this one.
         config = [f"--config={args.config}"] if args.config else []
         command = " ".join([PROG, "prepare", *config, *args.overrides])
