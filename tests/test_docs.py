@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -566,3 +567,20 @@ def test_generated_readme_states_the_job_of_the_answers(template: Path, tmp_path
         "The job asks partition `gpu` for 2 nodes with 4 GPUs each for up to `1-00:00:00`" in text
     )
     assert "a shell on a GPU of `gpu`" in text
+
+
+def test_the_project_docs_examples_do_not_collide(default_bake: Bake) -> None:
+    """A reader who runs the pages in one project gets each page's `compare` table as shown.
+
+    A page's `compare GLOB` must match no run that another page names (training.md's
+    `lr-1e-3` once put a fourth run and three columns into compare-runs.md's `lr-*` table).
+    """
+    pages = sorted((default_bake.project / "docs").glob("*.md"))
+    names = {p.name: set(re.findall(r"run\.name=([\w.-]+)", p.read_text("utf-8"))) for p in pages}
+    globs = {p.name: re.findall(r"compare '([^']+)'", p.read_text("utf-8")) for p in pages}
+    assert any(globs.values()), "no page compares runs by a glob any more"
+    for page, patterns in globs.items():
+        others = {name for other, found in names.items() if other != page for name in found}
+        for pattern in patterns:
+            clashes = sorted(name for name in others if fnmatch.fnmatch(name, pattern))
+            assert not clashes, f"{page}: compare '{pattern}' also matches {clashes}"
