@@ -15,6 +15,9 @@ from conftest import PACKAGE, cli_env, pkg
 
 checkpoint = pkg("engine.checkpoint")
 distributed = pkg("engine.distributed")
+
+# Every test here starts two or more processes: `make test-all` and CI run them.
+pytestmark = pytest.mark.slow
 ARGS = [
     "train",
     "task.name=toy_tasks.blobs",

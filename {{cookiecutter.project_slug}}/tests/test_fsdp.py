@@ -17,6 +17,9 @@ from safetensors.torch import save_file
 from conftest import pkg
 from test_ddp import free_job_id, srun_like, train_losses
 
+# Every test here starts two or more processes: `make test-all` and CI run them.
+pytestmark = pytest.mark.slow
+
 checkpoint = pkg("engine.checkpoint")
 TOWER = [
     "task.name=toy_tasks.tower",
@@ -43,7 +46,6 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
-@pytest.mark.slow
 def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -129,7 +131,6 @@ if os.environ.get("SLURM_PROCID") == "0":
 """
 
 
-@pytest.mark.slow
 def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
     project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,7 +309,6 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
     distributed.shutdown()
 
 
-@pytest.mark.slow
 def test_fsdp_holds_half_the_state_per_rank_and_only_rank_0_builds_the_whole_model(
     tmp_path: Path,
 ) -> None:
@@ -417,7 +417,6 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
     distributed.shutdown()
 
 
-@pytest.mark.slow
 def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> None:
     cfg = pkg("task").load_config(None, [*SMALL_TOWER, "dist.strategy=fsdp"])
     torch.manual_seed(7)  # other weights than the runs' seed 0 builds

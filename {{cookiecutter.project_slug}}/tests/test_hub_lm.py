@@ -21,7 +21,11 @@ from test_ddp import free_job_id, train_losses
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 tokenizers = pytest.importorskip("tokenizers", reason="the hf extra is not installed")
 
-pytestmark = pytest.mark.skipif(not example_task("hub_lm"), reason="no hub_lm example here")
+# Sharded runs on two processes: `make test-all` and CI run them.
+pytestmark = [
+    pytest.mark.skipif(not example_task("hub_lm"), reason="no hub_lm example here"),
+    pytest.mark.slow,
+]
 
 TRAIN = [
     "task.name=hub_lm",
@@ -188,14 +192,12 @@ def exported_and_loaded(project: Path, run: str) -> Path:
     return folder
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hub_project", ["untied"], indirect=True)
 def test_an_untied_model_trains_sharded_and_exports(hub_project: Path) -> None:
     finish(two_ranks(hub_project, "dist.strategy=fsdp", "run.name=untied"))
     exported_and_loaded(hub_project, "untied")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hub_project", ["tied"], indirect=True)
 def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
     hub_project: Path,
@@ -228,7 +230,6 @@ def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
     assert f"initial weights from {folder}" in again.stdout, again.stdout + again.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hub_project", ["tied"], indirect=True)  # the harder case suffices
 # peft reads a property that transformers 5 deprecated; not this project's to fix.
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")

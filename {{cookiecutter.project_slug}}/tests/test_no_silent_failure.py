@@ -73,6 +73,7 @@ def test_workers_end_with_the_error_even_while_its_traceback_is_kept(
     assert set(multiprocessing.active_children()) <= before
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_ends_every_rank(project: Path) -> None:
     out = run_cli(
         "train",

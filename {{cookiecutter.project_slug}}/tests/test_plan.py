@@ -129,6 +129,7 @@ def test_save_time_is_fitted_as_a_fixed_part_plus_bytes_over_a_speed() -> None:
     assert fit((1e8, 1.0), (4e8, 1.05)) == (0.0, 4e8 / 1.05)  # too close to tell: all bytes
 
 
+@pytest.mark.slow
 def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> None:
     (project / "configs").mkdir()
     (project / "configs" / "cluster.toml").write_text(

@@ -278,6 +278,7 @@ def test_initial_weights_param_groups_and_freezing(project: Path) -> None:
     assert {float(r["lr_rest"]) for r in rows} == {tuned.cfg.train.lr}
 
 
+@pytest.mark.slow
 def test_fine_tuning_with_frozen_layers_under_ddp(project: Path) -> None:
     out = run_cli(
         "train",
@@ -294,6 +295,7 @@ def test_fine_tuning_with_frozen_layers_under_ddp(project: Path) -> None:
     assert "2 process(es) via torchrun" in out.stdout
 
 
+@pytest.mark.slow
 def test_frozen_layers_under_ddp_without_the_setting_name_it(project: Path) -> None:
     out = run_cli(
         "train",
@@ -412,6 +414,7 @@ def test_workers_are_gone_after_train_returns_stops_or_fails(project: Path) -> N
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_two_process_loader_run_exits_after_a_stop_signal(project: Path) -> None:
     # Without the workers' shutdown, such a run stayed alive after its last line.
     proc = subprocess.Popen(

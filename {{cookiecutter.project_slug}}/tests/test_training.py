@@ -184,10 +184,10 @@ def test_outputs_kept_beyond_the_limit_stop_the_run_with_one_line(
     task = blobs(*FAST, "run.name=kept", "train.epochs=1")
     task.add_metrics("auroc")  # every validation sample's probabilities and label, kept
     assert task.metrics == ("loss", "accuracy", "auroc")
-    monkeypatch.setattr(type(task), "keep_limit_mb", 0.001)  # 1 kB: 4 x 4 B x 60 samples is more
-    with pytest.raises(pkg("errors").DataError, match=r"more than keep_limit_mb = 0.001 MB"):
-        trainer.train(task.cfg, task)
-    monkeypatch.undo()
+    with monkeypatch.context() as limited:  # not monkeypatch.undo(): it unsets PROJECT_ROOT
+        limited.setattr(type(task), "keep_limit_mb", 0.001)  # 1 kB: 4 x 4 B x 60 samples
+        with pytest.raises(pkg("errors").DataError, match=r"more than keep_limit_mb = 0.001 MB"):
+            trainer.train(task.cfg, task)
     task = blobs(*FAST, "run.name=auroc", "train.epochs=1")
     task.add_metrics("auroc")
     result = trainer.train(task.cfg, task)
