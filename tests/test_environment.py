@@ -86,7 +86,7 @@ def test_pre_commit_passes_for_real(case: tuple[Bake, dict[str, str]], tmp_path:
     result, _ = case
     project = working_copy(result.project, tmp_path)
     # `make lint` with the test environment standing in for the project's .venv/.conda.
-    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV, timeout=900)
+    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     for hook in _hooks(project):
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith(hook["name"])), "")
@@ -142,7 +142,7 @@ def test_pre_commit_catches_real_problems(
         + "".join(lines[3:])
     )
     # The project's own `make lint`, with the test environment standing in for its .venv.
-    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV, timeout=900)
+    done = run(["make", "lint", f"ENV_DIR={BIN.parent}"], project, CLEAN_ENV)
     assert done.returncode != 0
     assert "slurm/train.sbatch:4: Merge conflict string '<<<<<<<' found" in done.stdout
     failed = {
@@ -540,7 +540,6 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
             [sys.executable, str(recorder), package_dir, str(record), *args],
             project,
             env,
-            timeout=600,
         )
         assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
         outputs.append(done.stdout + done.stderr)
@@ -583,7 +582,6 @@ def test_project_suite_passes_for_apptainer_on_generic(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"],
         result.project,
         env,
-        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import git
 from engines import bake
+from envcases import HANG_S
 
 SENSOR_TASK = '''"""Sensor readings (three channels) -> the temperature an hour later."""
 
@@ -93,7 +94,7 @@ def readings(n: int = 400) -> str:
 
 def run(cmd: list[str], project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        cmd, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=900
+        cmd, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=HANG_S
     )
 
 

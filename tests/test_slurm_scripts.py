@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from engines import BIN, ROOT, bake
+from envcases import HANG_S
 
 PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.toml"))
 ENVIRONMENTS = ("venv", "conda", "apptainer", "uv")
@@ -507,7 +508,7 @@ def test_term_during_a_slow_checkpoint_after_usr1_still_requeues(
     job.send_signal(signal.SIGTERM)
     seen = _read_until(job, "received SIGTERM")  # the script has noted the TERM
     (state / "release").touch()  # now the checkpoint is complete
-    out = seen + job.communicate(timeout=60)[0]
+    out = seen + job.communicate(timeout=HANG_S)[0]
     assert "received SIGTERM" in out, out
     requeue_calls = (state / "scontrol").read_text() if (state / "scontrol").exists() else ""
     assert ("requeue 7" in requeue_calls) == requeued, out
@@ -529,7 +530,7 @@ def test_a_stop_killed_at_the_limit_still_raises_the_next_grace(
     job.send_signal(signal.SIGUSR1)
     _wait_file(state / "saving", job)
     os.killpg(job.pid, signal.SIGKILL)  # the job script, its timer and the step, as Slurm does
-    job.communicate(timeout=60)
+    job.communicate(timeout=HANG_S)
     record = project / "logs" / ".stop-seconds-runA"
     assert record.read_text().strip() == "300"  # the grace of a one-hour limit
     code = 'RUN_KEY=runA; schedule_stop; [[ -z ${TIMER_PID:-} ]] || kill "$TIMER_PID"'
@@ -551,7 +552,7 @@ def test_slow_stop_warns_with_both_figures(default_bake, tmp_path: Path) -> None
         assert job.poll() is None
         time.sleep(0.1)
     (state / "release").touch()
-    out, _ = job.communicate(timeout=60)
+    out, _ = job.communicate(timeout=HANG_S)
     took = int(re.search(r"warning: the stop took (\d+) s, more than half the 1 s grace", out)[1])
     assert took >= 1 and f"STOP_GRACE={2 * took + 30}" in out, out
     assert "requeue 7" in (state / "scontrol").read_text()
@@ -573,7 +574,7 @@ def test_transient_failure_relaunches_within_the_budget(
     codes, env, launches, status = case
     project = _mini_project(default_bake.project, tmp_path)
     job, state = _training_job(project, tmp_path, codes, **env)
-    out, _ = job.communicate(timeout=60)
+    out, _ = job.communicate(timeout=HANG_S)
     assert (job.returncode, int((state / "launches").read_text())) == (status, launches), out
     assert out.count("transient failure (exit code") == launches - 1
 
@@ -717,12 +718,10 @@ def test_packed_job_signals_every_run_and_requeues_once_all_checkpointed(
         },
     )
     launched = [run for run, what in outcomes.items() if what != "finished"]
-    deadline = time.monotonic() + 60
-    while not all((state / f"started-{run}").exists() for run in launched):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
-        time.sleep(0.05)
+    for run in launched:
+        _wait_file(state / f"started-{run}", job)
     job.send_signal(signal.SIGUSR1)  # as the timer before the limit does
-    out, _ = job.communicate(timeout=60)
+    out, _ = job.communicate(timeout=HANG_S)
     assert job.returncode == status, out
     calls = sorted((state / "calls").read_text().splitlines())
     assert calls == [

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from engines import bake
 from slurm.localslurm import LocalSlurm, temporary_cluster
-from slurm.project import JobProject, make_venv, require_slurm, resumed_step
+from slurm.project import DEADLINE, JobProject, make_venv, require_slurm, resumed_step
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("snakemake") is None,
@@ -45,7 +45,7 @@ def snakemake(project: Path, *args: str, **env: str) -> subprocess.CompletedProc
         env=snakemake_env(project, **env),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=DEADLINE,
         check=False,
     )
 
@@ -120,7 +120,7 @@ def test_train_step_is_a_slurm_job_that_requeues_until_done(
         (log,) = (project / "logs").glob(f"{proj.slug}-*.out")
         job = log.stem.rsplit("-", 1)[1]
         cluster.run("scancel", "--signal=USR1", "--batch", job)
-        output, _ = run.communicate(timeout=900)
+        output, _ = run.communicate(timeout=DEADLINE)
     assert run.returncode == 0, output[-3000:]
     info = proj.finished(job)
     text = log.read_text()
