@@ -163,7 +163,15 @@ def publish(remote: str) -> str:
         _git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}")
     except ReleaseError:
         raise ReleaseError(f"{tag} is not tagged yet: run `make release` first") from None
-    _git("push", "--quiet", remote, f"refs/tags/{tag}")
+    changelog = (ROOT / "CHANGELOG.md").read_text("utf-8").splitlines()
+    listed = [m[1] for m in map(ANY_RELEASE_HEADING.match, changelog) if m]
+    wanted = [
+        v for v in listed if tuple(map(int, v.split("."))) <= tuple(map(int, version.split(".")))
+    ]
+    # Every release tag this clone has goes along: a remote made from a mirror or a fresh
+    # import arrives without them, and copier then takes its newest commit for a release.
+    here = set(_git("tag", "--list", "v*").split())
+    _git("push", "--quiet", remote, *(f"refs/tags/v{v}" for v in wanted if f"v{v}" in here))
     there = {}
     for line in _git("ls-remote", "--tags", remote).splitlines():
         sha, ref = line.split("\t")
@@ -171,21 +179,26 @@ def publish(remote: str) -> str:
             there[ref.removeprefix("refs/tags/").removesuffix("^{}")] = sha
         else:
             there.setdefault(ref.removeprefix("refs/tags/"), sha)
-    changelog = (ROOT / "CHANGELOG.md").read_text("utf-8").splitlines()
-    listed = [m[1] for m in map(ANY_RELEASE_HEADING.match, changelog) if m]
-    wanted = [
-        v for v in listed if tuple(map(int, v.split("."))) <= tuple(map(int, version.split(".")))
-    ]
-    missing = [f"v{v}" for v in wanted if f"v{v}" not in there]
+    missing = [v for v in wanted if f"v{v}" not in there]
     if missing:
+        commands = " && ".join(f"git tag -a v{v} {_release_commit(v)} -m v{v}" for v in missing)
         raise ReleaseError(
-            f"{remote} lacks the tags of releases in CHANGELOG.md: {', '.join(missing)} "
-            f"(tag each release's commit, `git tag -a vX.Y.Z <commit>`, and push it)"
+            f"{remote} lacks the tags of releases in CHANGELOG.md: "
+            f"{', '.join(f'v{v}' for v in missing)}, and so does this clone: tag each "
+            f"release's commit, then run `make publish` again: {commands}"
         )
     local = _git("rev-parse", f"{tag}^{{commit}}").strip()
     if there[tag] != local:
         raise ReleaseError(f"{remote} has {tag} on {there[tag][:12]}, here it is {local[:12]}")
     return version
+
+
+def _release_commit(version: str) -> str:
+    """The commit that made ``version`` the template's version, or ``<commit>`` if none did."""
+    found = _git(
+        "log", "--format=%h", "-S", f'"_template_version": "{version}"', "--", "cookiecutter.json"
+    ).split()
+    return found[-1] if found else "<commit>"  # the oldest: where the version was set
 
 
 def main(argv: list[str] | None = None) -> int:
