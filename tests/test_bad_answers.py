@@ -426,19 +426,11 @@ CONFIG_ROUTES = [
 ]
 
 
-@pytest.mark.parametrize(("engine", "route"), CONFIG_ROUTES)
-def test_config_file_answers_are_checked_before_rendering(
-    engine: str, route: str, template: Path, tmp_path: Path
-) -> None:
-    bad = {
-        "description": _payload(tmp_path),  # template syntax that runs code
-        "author_name": "Jane\u3164",  # a blank Hangul filler
-        "project_name": "Net\ud800",  # a lone surrogate
-        "_template_version": "9.9.9",  # private values and options
-        "_project_owned": [],
-        "__gpu_type": "A100\nid",
-    }
-    config = _config(tmp_path, bad)
+def _bake_with_config(
+    engine: str, route: str, default_context: dict[str, Any], template: Path, tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """Bake with a user config on one route: the result, the output folder, the config file."""
+    config = _config(tmp_path, default_context)
     out, home = tmp_path / "out", tmp_path / "home"
     out.mkdir()
     home.mkdir()
@@ -452,7 +444,23 @@ def test_config_file_answers_are_checked_before_rendering(
         env["COOKIECUTTER_CONFIG"] = str(config)
     else:
         (home / ".cookiecutterrc").write_text(config.read_text("utf-8"), "utf-8")
-    result = _run_engine([*args, str(template)], tmp_path, **env)
+        config = home / ".cookiecutterrc"
+    return _run_engine([*args, str(template)], tmp_path, **env), out, config
+
+
+@pytest.mark.parametrize(("engine", "route"), CONFIG_ROUTES)
+def test_config_file_answers_are_checked_before_rendering(
+    engine: str, route: str, template: Path, tmp_path: Path
+) -> None:
+    bad = {
+        "description": _payload(tmp_path),  # template syntax that runs code
+        "author_name": "Jane\u3164",  # a blank Hangul filler
+        "project_name": "Net\ud800",  # a lone surrogate
+        "_template_version": "9.9.9",  # private values and options
+        "_project_owned": [],
+        "__gpu_type": "A100\nid",
+    }
+    result, out, _ = _bake_with_config(engine, route, bad, template, tmp_path)
     assert result.returncode != 0
     for field in bad:
         assert f"ERROR: {field} " in result.stderr, (field, result.stderr[-3000:])
@@ -466,22 +474,7 @@ def test_choices_from_a_config_are_refused(
 ) -> None:
     """Both engines warn and bake the first choice; the rules refuse, naming the file."""
     bad = {"license": "GPL-3.0", "python_version": 3.12, "vscode": False, "cluster": "nersc"}
-    config = _config(tmp_path, bad)
-    out, home = tmp_path / "out", tmp_path / "home"
-    out.mkdir()
-    home.mkdir()
-    env = {"HOME": str(home)}
-    args = [_tool(engine)]
-    args += ["--no-input", "-o", str(out)] if engine == "cookiecutter" else ["create", "--no-input"]
-    args += [] if engine == "cookiecutter" else ["--output-dir", str(out)]
-    if route == "--config-file":
-        args += ["--config-file", str(config)]
-    elif route == "COOKIECUTTER_CONFIG":
-        env["COOKIECUTTER_CONFIG"] = str(config)
-    else:
-        config = home / ".cookiecutterrc"
-        config.write_text(_config(tmp_path, bad).read_text("utf-8"), "utf-8")
-    result = _run_engine([*args, str(template)], tmp_path, **env)
+    result, out, config = _bake_with_config(engine, route, bad, template, tmp_path)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
     shown = "~/.cookiecutterrc" if route == "~/.cookiecutterrc" and engine == "cruft" else config
