@@ -19,6 +19,7 @@ successful bake: a refusal removes that copy itself.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -109,6 +110,7 @@ def config_path(command: Command) -> Path | None:
     return rc if rc.is_file() else None
 
 
+@functools.cache  # a config file and command-line answers: loaded once
 def answer_rules() -> ModuleType:
     """The answer rules: the pre-generation hook beside this file (unrendered, no template)."""
     path = Path(__file__).with_name("pre_gen_project.py")
