@@ -163,7 +163,8 @@ def cpu_share(denv: DistEnv, env: Mapping[str, str] | None = None) -> int:
 
     Outside a Slurm job (a laptop, a shared login node) half the cores count: the machine
     runs other work too, and threads that wait for a busy core slow every parallel operation
-    many times over (an example epoch on two busy cores: 145.8 s with both, 10.9 s with one).
+    many times over (the example's training on two busy cores: 14.8 s with both, 6.4 s with
+    one; see docs/performance.md).
     A fixed share, not one from the load: the same machine gives the same numerics.
     """
     env = os.environ if env is None else env
