@@ -176,6 +176,29 @@ def test_a_damaged_run_is_a_row_of_its_own_and_the_others_print(
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == untouched
 
 
+def test_a_report_compare_did_not_write_is_never_replaced(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(runs, tmp_path / "runs")
+    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
+    monkeypatch.delenv("RUNS_DIR", raising=False)
+    notes = tmp_path / "reports" / "thesis.md"
+    notes.parent.mkdir()
+    notes.write_text("# My thesis notes\n")
+    capsys.readouterr()
+    assert cli.main(["compare", "--no-figure", "--name", "thesis"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: --name: {notes} exists and compare did not write it; "
+        "give the report another --name\n"
+    )
+    assert notes.read_text() == "# My thesis notes\n"
+    assert sorted(p.name for p in notes.parent.iterdir()) == ["thesis.md"]
+    for _ in range(2):  # its own report it replaces, run after run
+        assert cli.main(["compare", "--no-figure", "--name", "lr"]) == 0
+    assert (notes.parent / "lr.csv").read_text().startswith("run,status,")
+
+
 def test_compare_and_its_figure_need_no_torch(runs: Path) -> None:
     code = (
         f"import sys; from {PACKAGE} import cli; code = cli.main(['compare', '--name', 'light']); "

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 
 try:  # Python 3.11+
     import tomllib
@@ -354,6 +354,24 @@ def write_csv(path: Path, header: list[str], rows: list[list[Cell]]) -> None:
         writer.writerows(["" if c is None else c for c in row] for row in rows)
 
 
+def check_ours(table: Path, others: list[Path]) -> None:
+    """Refuse to replace a report that `compare` did not write (a user's own notes, say).
+
+    `compare`'s CSV starts with its header, `run,status,...`; the Markdown table and the
+    figure of the same name belong to it. Anything else by those names is left alone.
+    """
+    try:
+        ours = table.read_text(encoding="utf-8").startswith("run,status,")
+    except (OSError, UnicodeDecodeError):  # none, a folder, not text: not compare's
+        ours = False
+    found = [path for path in (table, *others) if path.exists()]
+    if found and not ours:
+        raise ConfigError(
+            f"--name: {found[0]} exists and compare did not write it; "
+            "give the report another --name"
+        )
+
+
 def run_compare(
     runs_dir: Path,
     reports_dir: Path,
@@ -377,8 +395,9 @@ def run_compare(
     header, rows = table(runs, metric)
     print(f"{len(runs)} run(s) in {runs_dir}, best {metric} ({mode}) first")
     print(as_text(header, rows))
-    reports_dir.mkdir(parents=True, exist_ok=True)
     written = [reports_dir / f"{name}.csv", reports_dir / f"{name}.md"]
+    check_ours(written[0], [*written[1:], reports_dir / "figures" / f"{name}.png"])
+    reports_dir.mkdir(parents=True, exist_ok=True)
     write_csv(written[0], header, rows)
     written[1].write_text(as_markdown(header, rows) + "\n", encoding="utf-8")
     if figure:
