@@ -58,6 +58,20 @@ def test_prepare_is_all_or_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.parent.iterdir()) == ["task"]  # no temporary left
 
 
+def test_prepare_replaces_only_what_prepare_made(tmp_path: Path) -> None:
+    folder = tmp_path / "processed" / "task"
+    folder.mkdir(parents=True)
+    (folder / "mine.txt").write_text("my own notes")
+    with pytest.raises(pkg("errors").DataError, match=r"exists and prepare did not make it"):
+        data.prepare(Writes(folder, {"a.bin": b"1"}))
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]  # untouched
+    (folder / "mine.txt").unlink()
+    folder.rmdir()
+    assert data.prepare(Writes(folder, {"a.bin": b"1"})) == "done"
+    assert data.prepare(Writes(folder, {"a.bin": b"2"})) == "done"  # its own: replaced
+    assert (folder / "a.bin").read_bytes() == b"2"
+
+
 def test_staging_copies_once_and_refuses_changed_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

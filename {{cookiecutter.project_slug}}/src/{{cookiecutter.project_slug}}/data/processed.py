@@ -101,8 +101,18 @@ def verify(folder: Path) -> None:
 
 
 def prepare(task: Task) -> str:
-    """Run the task's `prepare` and swap the result in as `task.processed_dir`."""
-    with swapped_in(task.processed_dir) as tmp:
+    """Run the task's `prepare` and swap the result in as `task.processed_dir`.
+
+    Only a folder an earlier `prepare` made (it holds `SHA256SUMS`) is replaced: anything
+    else at that path is the user's, and is refused before the task runs.
+    """
+    target = task.processed_dir
+    if target.exists() and not (target / DIGESTS).is_file():
+        raise DataError(
+            f"{target} exists and prepare did not make it (no {DIGESTS}): move it away "
+            "(or delete it, if an older prepare made it), then run prepare again"
+        )
+    with swapped_in(target) as tmp:
         line = task.prepare(tmp)
         write_digests(tmp)
     return line
