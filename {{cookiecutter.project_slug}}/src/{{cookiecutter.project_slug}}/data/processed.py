@@ -103,11 +103,13 @@ def verify(folder: Path) -> None:
 def prepare(task: Task) -> str:
     """Run the task's `prepare` and swap the result in as `task.processed_dir`.
 
-    Only a folder an earlier `prepare` made (it holds `SHA256SUMS`) is replaced: anything
-    else at that path is the user's, and is refused before the task runs.
+    Only a folder an earlier `prepare` made (it holds `SHA256SUMS`) or an empty one (a
+    workflow tool makes the output's folder first) is replaced: anything else at that path
+    is the user's, and is refused before the task runs.
     """
     target = task.processed_dir
-    if target.exists() and not (target / DIGESTS).is_file():
+    ours = (target / DIGESTS).is_file() or (target.is_dir() and not any(target.iterdir()))
+    if target.exists() and not ours:
         raise DataError(
             f"{target} exists and prepare did not make it (no {DIGESTS}): move it away "
             "(or delete it, if an older prepare made it), then run prepare again"
