@@ -1059,6 +1059,18 @@ def check_config(default_context: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+def check_default_context(given: object) -> list[str]:
+    """A user config's ``default_context``: none, or a mapping that ``check_config`` passes.
+
+    cookiecutter skips an empty one and ends in a traceback on one that is no mapping.
+    """
+    if given is None:
+        return []
+    if not isinstance(given, dict):
+        return ["default_context: must be a mapping of answers"]
+    return check_config(given)
+
+
 def check_choices(given: Mapping[str, object]) -> list[str]:
     """Given choices as the engine compares them: the value itself, not its text.
 
@@ -1242,9 +1254,7 @@ def _config_errors() -> list[str]:
     given = frame.f_locals["config_dict"].get("default_context")
     names = frame.f_locals.get("config_file"), os.environ.get("COOKIECUTTER_CONFIG")
     path = next((str(name) for name in names if name), "~/.cookiecutterrc")
-    if not isinstance(given, dict):
-        return [f"default_context: must be a mapping of answers (config file {path})"]
-    return [f"{message} (config file {path})" for message in check_config(given)]
+    return [f"{message} (config file {path})" for message in check_default_context(given)]
 
 
 def _engine_frame(function: str) -> FrameType | None:

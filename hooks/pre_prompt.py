@@ -130,11 +130,8 @@ def config_errors(path: Path) -> list[str]:
         return [f"cannot find the config file {path} to check it; give its absolute path"]
     config = yaml.safe_load(path.read_text("utf-8"))  # cookiecutter has parsed it already
     default_context = config.get("default_context") if isinstance(config, dict) else None
-    if default_context is None:
-        return []
-    if not isinstance(default_context, dict):  # cookiecutter would end in a traceback
-        return [f"default_context: must be a mapping of answers {where}"]
-    return [f"{message} {where}" for message in answer_rules().check_config(default_context)]
+    errors: list[str] = answer_rules().check_default_context(default_context)
+    return [f"{message} {where}" for message in errors]
 
 
 def command_line_errors(extra: dict[str, str]) -> list[str]:

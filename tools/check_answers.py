@@ -57,10 +57,7 @@ def check(data: object, rules: ModuleType) -> tuple[str, list[str]]:
     if not isinstance(data, dict):
         return "file", ["must hold a mapping of answers or a cookiecutter config"]
     if "default_context" in data:
-        given = data["default_context"] or {}
-        if not isinstance(given, dict):
-            return "config file", ["default_context: must be a mapping of answers"]
-        return "config file", rules.check_config(given)
+        return "config file", rules.check_default_context(data["default_context"])
     if isinstance(answers := data.get("cookiecutter"), dict):  # a replay file: every answer
         template = json.loads((TEMPLATE / "cookiecutter.json").read_text("utf-8"))
         return "replay file", rules.check_rendered(answers, template)
