@@ -38,9 +38,8 @@ class TrainScalars:
 
         A scalar no process recorded in the interval is left out (an empty cell).
         """
-        counts = torch.tensor([self.counts[n] for n in self.names], dtype=torch.float64)
-        sums = {**self.sums, "_counts": counts.to(self.device)}
-        total = distributed.sum_tensors(sums, denv, self.device)
+        counts = torch.tensor([self.counts[n] for n in self.names])  # sum_tensors places it
+        total = distributed.sum_tensors({**self.sums, "_counts": counts}, denv, self.device)
         counted = total["_counts"].tolist()
         return {
             name: float(total[name].item()) / count

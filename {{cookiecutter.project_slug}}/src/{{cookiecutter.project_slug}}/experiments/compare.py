@@ -396,7 +396,8 @@ def run_compare(
     print(f"{len(runs)} run(s) in {runs_dir}, best {metric} ({mode}) first")
     print(as_text(header, rows))
     written = [reports_dir / f"{name}.csv", reports_dir / f"{name}.md"]
-    check_ours(written[0], [*written[1:], reports_dir / "figures" / f"{name}.png"])
+    figure_path = reports_dir / "figures" / f"{name}.png"
+    check_ours(written[0], [written[1], figure_path])
     reports_dir.mkdir(parents=True, exist_ok=True)
     write_csv(written[0], header, rows)
     written[1].write_text(as_markdown(header, rows) + "\n", encoding="utf-8")
@@ -405,7 +406,7 @@ def run_compare(
 
         best = [r.name for r in runs[:HIGHLIGHT] if metric in r.best]
         curves = {r.name: r.curves.get(metric, []) for r in runs}
-        written.append(plot_overlay(curves, best, metric, reports_dir / "figures" / f"{name}.png"))
+        written.append(plot_overlay(curves, best, metric, figure_path))
     for path in written:
         print(f"wrote {path}")
     return runs

@@ -266,7 +266,6 @@ def _start_study(
         return 0
     _optuna()  # the extra is installed: before anything is written
     _need_sbatch()
-    check_journal(sweep_dir(space, settings) / "optuna.journal")
     if copy.is_file():  # a sweep continued: more trials or another pace, the same study
         before = dataclasses.asdict(searchspace.load_space(copy))
         now = dataclasses.asdict(space)
@@ -275,7 +274,7 @@ def _start_study(
                 f"sweep.name {space.name!r}: {copy} holds another search space (only trials "
                 "and concurrency may change); give the sweep a new name"
             )
-    study = open_study(space, settings)  # a journal it cannot replay: nothing written
+    study = open_study(space, settings)  # checks the journal first: nothing written yet
     _write_whole(copy, text)
     states = _optuna().trial.TrialState
     if not study.trials:
