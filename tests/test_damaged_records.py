@@ -74,20 +74,24 @@ def project(default_bake: Bake, template: Path, tmp_path: Path) -> Path:
     return root
 
 
-def status_of(
-    project: Path, name: str, text: bytes, monkeypatch: pytest.MonkeyPatch, capsys: Any
+@pytest.mark.parametrize("name", [status.RECORD, status.CRUFT_STATE])
+@EXAMPLES
+@given(data=st.data())
+def test_a_damaged_record_is_read_or_named(
+    name: str, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, data: st.DataObject
 ) -> None:
-    """Damage ``name`` to ``text``; the tool reports or names the file in one line."""
+    """The release record or cruft's answers file, damaged: a report, or one line naming it."""
     path = project / name
     whole = path.read_bytes()
-    path.write_bytes(text)
+    path.write_bytes(data.draw(damage(whole)))
     before = files_below(project)
     monkeypatch.chdir(project)
     capsys.readouterr()
     try:
         code = status.main([])
+        after = files_below(project)
     finally:
-        path.write_bytes(whole)
+        path.write_bytes(whole)  # the next example starts from the whole file
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     if code == status.FAILED:
@@ -95,24 +99,4 @@ def status_of(
         assert err.startswith("template-status: ") and str(project) in err, err
     else:
         assert err == "" and out.startswith("This project: "), (code, out, err)
-    path.write_bytes(text)
-    assert files_below(project) == before
-    path.write_bytes(whole)
-
-
-@EXAMPLES
-@given(data=st.data())
-def test_a_damaged_release_record_is_read_or_named(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, data: st.DataObject
-) -> None:
-    whole = (project / status.RECORD).read_bytes()
-    status_of(project, status.RECORD, data.draw(damage(whole)), monkeypatch, capsys)
-
-
-@EXAMPLES
-@given(data=st.data())
-def test_a_damaged_cruft_answers_file_is_read_or_named(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, data: st.DataObject
-) -> None:
-    whole = (project / status.CRUFT_STATE).read_bytes()
-    status_of(project, status.CRUFT_STATE, data.draw(damage(whole)), monkeypatch, capsys)
+    assert after == before

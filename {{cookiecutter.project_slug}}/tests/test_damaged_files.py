@@ -10,7 +10,6 @@ a run here is the run in CI.
 import os
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,37 +70,34 @@ def one_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "runs" / "kept"
 
 
-def compare_reader(name: str) -> Callable[..., None]:
-    """A test of `compare` over two runs, one of them with `name` damaged."""
+@pytest.mark.parametrize("name", ["config.toml", "metrics.csv", "summary.json"])
+@EXAMPLES
+@given(data=st.data())
+def test_compare_reads_a_damaged_run_or_names_its_file(
+    name: str,
+    one_run: Path,
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+    data: st.DataObject,
+) -> None:
+    """`compare` over two runs, one of them with `name` damaged: the other always prints."""
+    runs = project / "runs"
+    shutil.rmtree(runs, ignore_errors=True)
+    for run in ("good", "hurt"):
+        shutil.copytree(one_run, runs / run)
+    path = runs / "hurt" / name
+    path.write_bytes(data.draw(damage(path.read_bytes()), label=name))
+    before = files_below(runs)
+    capsys.readouterr()
+    code = cli.main(["compare", "--no-figure"])
+    out, err = capsys.readouterr()
+    lines = error_lines(err)
+    assert (code, len(lines)) in {(0, 0), (1, 1)}, err
+    if code:
+        assert lines[0].startswith(f"warning: run hurt is damaged: {path}: ")
+    assert any(line.split()[:1] == ["good"] for line in out.splitlines()), out
+    assert files_below(runs) == before
 
-    @EXAMPLES
-    @given(data=st.data())
-    def read(
-        one_run: Path, project: Path, capsys: pytest.CaptureFixture[str], data: st.DataObject
-    ) -> None:
-        runs = project / "runs"
-        shutil.rmtree(runs, ignore_errors=True)
-        for run in ("good", "hurt"):
-            shutil.copytree(one_run, runs / run)
-        path = runs / "hurt" / name
-        path.write_bytes(data.draw(damage(path.read_bytes()), label=name))
-        before = files_below(runs)
-        capsys.readouterr()
-        code = cli.main(["compare", "--no-figure"])
-        out, err = capsys.readouterr()
-        lines = error_lines(err)
-        assert (code, len(lines)) in {(0, 0), (1, 1)}, err
-        if code:
-            assert lines[0].startswith(f"warning: run hurt is damaged: {path}: ")
-        assert any(line.split()[:1] == ["good"] for line in out.splitlines()), out
-        assert files_below(runs) == before
-
-    return read
-
-
-test_compare_reads_a_damaged_config = compare_reader("config.toml")
-test_compare_reads_damaged_metrics = compare_reader("metrics.csv")
-test_compare_reads_a_damaged_summary = compare_reader("summary.json")
 
 SPACE = """
 [sweep]
