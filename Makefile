@@ -115,10 +115,12 @@ publish: ## Push the release tag to REMOTE (origin); check it has every release'
 
 # The same report as a generated project's `make template-status`, run from the template's
 # copy of it (standard library and git only: no .venv needed).
-fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1 for JSON
+# TEMPLATE= reads every project against that template (one made with plain cookiecutter
+# records none).
+fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1, TEMPLATE=url
 	@test -n "$(REPOS)" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
 	@$(PYTHON) '{{cookiecutter.project_slug}}/tools/template_status.py' \
-		--repos-file "$(REPOS)"$(if $(JSON), --json)
+		--repos-file "$(REPOS)"$(if $(JSON), --json)$(if $(TEMPLATE), --template "$(TEMPLATE)")
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py

@@ -54,6 +54,8 @@ PROJECT_OWNED = [
 USER_LINE = {".md": "\nMy own notes.\n", ".toml": "# my own setting\n", ".py": "# my own code\n"}
 SCRIPT = "slurm/train.sbatch"
 SCRIPT_EDIT = "# my own note on this job\n"
+# The newest test release's update line: the status report and the fleet point it out.
+ACTION = "action needed: read the note on checkpoints."
 ENGINES = ("copier", "cruft")
 
 
@@ -66,15 +68,20 @@ def _next(version: str, step: int) -> str:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command as a user's shell runs it: the engines on PATH, no terminal to ask on."""
     env = {
         **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_AUTHOR_NAME": "Test",
         "GIT_AUTHOR_EMAIL": "test@example.org",
         "GIT_COMMITTER_NAME": "Test",
         "GIT_COMMITTER_EMAIL": "test@example.org",
     }
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, check=False, env=env,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def _append(path: Path, text: str) -> None:
@@ -82,7 +89,7 @@ def _append(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def _release(template: Path, version: str) -> None:
+def _release(template: Path, version: str, update: str = "no action needed.") -> None:
     """Set the version, write its changelog entry, commit and run `make release`."""
     cc_path = template / "cookiecutter.json"
     cc = json.loads(cc_path.read_text("utf-8"))
@@ -94,7 +101,7 @@ def _release(template: Path, version: str) -> None:
         changelog = template / "CHANGELOG.md"
         text = changelog.read_text("utf-8")
         entry = (
-            f"## {version} — 2026-12-03\n\nUpdate: no action needed.\n\n"
+            f"## {version} — 2026-12-03\n\nUpdate: {update}\n\n"
             f"- Test release {version}: job script and checkpoint comments.\n\n"
         )
         first = re.search(r"^## \d", text, re.M)
@@ -179,7 +186,7 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Releases:
     _release(template, versions[0])
     for version in versions[1:]:
         _change_files(template, version)
-        _release(template, version)
+        _release(template, version, ACTION if version == versions[-1] else "no action needed.")
     return Releases(template, versions)
 
 
@@ -304,10 +311,7 @@ def _make_project(engine: str, releases: Releases, start: int, out: Path) -> Pro
     json_before = _run(script, project)
     behind = out / "behind"
     git(out, "clone", "-q", str(project), str(behind))
-    if engine == "copier":
-        update = _run([str(BIN / "copier"), "update", "--defaults", "--trust", "--quiet"], project)
-    else:
-        update = _run([str(BIN / "cruft"), "update", "-y"], project)
+    update = _run(["make", "--no-print-directory", "update"], project)
     head_after = git(project, "rev-parse", "HEAD").strip()
     review = git(project, "diff", "HEAD", "--name-only")
     after = None
@@ -344,8 +348,9 @@ def updated(request: pytest.FixtureRequest, projects: dict[tuple[str, int], Proj
     return projects[request.param]
 
 
-def test_update_succeeds(updated: Project) -> None:
+def test_update_succeeds(updated: Project, releases: Releases) -> None:
     assert updated.update.returncode == 0, updated.update.stdout + updated.update.stderr
+    assert f"Updated to {releases.tag(-1)}: review with `git status`" in updated.update.stdout
     # cruft renders two releases in temporary folders: no next steps that name them.
     assert "Next steps" not in updated.update.stdout + updated.update.stderr
 
@@ -483,7 +488,10 @@ def test_template_status_before_the_update(updated: Project, releases: Releases)
     mine = _listed(out, "It leaves these alone, as this project owns them")
     assert theirs == set(_project_files(TEMPLATE_OWNED))
     assert mine == set(_project_files(PROJECT_OWNED))
-    assert _listed(out, "Changed here too, so the update may conflict there") == {SCRIPT}
+    # The user's line is far from the releases' (at the end): a trial merge takes both.
+    trial = "Changed here too, merged with the update on trial (1):\n  merges cleanly  "
+    assert f"{trial}{SCRIPT}\n" in out
+    assert f"Action needed (see the changelog entries above): {releases.versions[-1]}\n" in out
 
 
 def test_template_status_json_before_the_update(updated: Project, releases: Releases) -> None:
@@ -498,8 +506,11 @@ def test_template_status_json_before_the_update(updated: Project, releases: Rele
     assert {c["path"] for c in report["project_owned"]} == set(_project_files(PROJECT_OWNED))
     # Changed here: the job script and the user's new file; never the project-owned files.
     assert report["changed_here"] == ["NOTES.md", SCRIPT]
-    assert report["conflict_risk"] == [SCRIPT]
+    assert report["trial_merge"] == {SCRIPT: status.CLEAN}
+    assert report["conflict_risk"] == []
     assert report["conflict_markers"] == []
+    assert (report["engine"], report["uncommitted"]) == (updated.engine, [])
+    assert report["action_needed"] == [releases.versions[-1]]
     generated = git(updated.behind, "log", "-1", "--format=%cs", "--", ".hpc-ml-template.json")
     assert report["last_update"] == generated.strip()
 
@@ -509,57 +520,151 @@ def _fleet_list(path: Path, repos: list[str]) -> Path:
     return path
 
 
-def test_fleet_table(
-    projects: dict[tuple[str, int], Project], releases: Releases, tmp_path: Path
+@dataclass
+class Conflicted:
+    """A project whose own line sits where the newest release adds one: an update conflicts."""
+
+    engine: str
+    path: Path
+    behind: Path  # a clone of it before the update
+    json_before: subprocess.CompletedProcess[str]
+    update: subprocess.CompletedProcess[str]  # `make update`
+    again: subprocess.CompletedProcess[str]  # `make update` once more, before resolving
+    status_after: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def conflicted(
+    releases: Releases, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Conflicted]:
+    found = {}
+    for engine in ENGINES:
+        out = tmp_path_factory.mktemp(f"{engine}-conflict")
+        project = _generate(engine, releases, 1, out)
+        _append(project / SCRIPT, SCRIPT_EDIT)  # the end, where the newest release adds a line
+        git(project, "commit", "-q", "-am", "my line at the end of the job script")
+        json_before = _run([sys.executable, "tools/template_status.py", "--json"], project)
+        behind = out / "behind"
+        git(out, "clone", "-q", str(project), str(behind))
+        update = _run(["make", "--no-print-directory", "update"], project)
+        again = _run(["make", "--no-print-directory", "update"], project)
+        after = _run([sys.executable, "tools/template_status.py"], project)
+        found[engine] = Conflicted(engine, project, behind, json_before, update, again, after)
+    return found
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_trial_merge_foresees_the_conflict(conflicted: dict[str, Conflicted], engine: str) -> None:
+    done = conflicted[engine].json_before
+    assert done.returncode == status.BEHIND, done.stderr
+    report = json.loads(done.stdout)
+    assert report["trial_merge"] == {SCRIPT: status.CONFLICTS}
+    assert report["conflict_risk"] == [SCRIPT]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_update_that_leaves_conflicts_fails(conflicted: dict[str, Conflicted], engine: str) -> None:
+    """copier and cruft exit 0 after leaving conflicts; `make update` fails and names them."""
+    project = conflicted[engine]
+    done = project.update
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert re.search(r"\[Makefile:\d+: update\] Error 4$", done.stderr, re.M), done.stderr
+    assert "make update: the update to v" in done.stderr
+    assert f"\n  {SCRIPT}" in done.stderr, done.stderr
+    # Whatever the engine left (markers in the file, or its hunks in a .rej file), the status
+    # tool finds it too, and a second `make update` refuses to start over it.
+    after = project.status_after
+    assert after.returncode == status.UNRESOLVED, after.stdout + after.stderr
+    assert "Conflicts left by an update (resolve them, then commit):" in after.stdout
+    assert SCRIPT in after.stdout.split("Conflicts left by an update")[1]
+    assert project.again.returncode == 2, project.again.stderr
+    assert "make update: an update is not finished: resolve " in project.again.stderr
+
+
+def test_update_refuses_uncommitted_work(
+    projects: dict[tuple[str, int], Project], tmp_path: Path
 ) -> None:
-    """One table for repositories at different releases, made by both engines."""
+    project = tmp_path / SLUG
+    git(tmp_path, "clone", "-q", str(projects["copier", 0].behind), str(project))
+    (project / "scratch.txt").write_text("not committed\n", "utf-8")
+    head = git(project, "rev-parse", "HEAD")
+    done = _run(["make", "--no-print-directory", "update"], project)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "make update: commit your work first (not committed: scratch.txt)" in done.stderr
+    assert git(project, "rev-parse", "HEAD") == head
+    assert git(project, "status", "--porcelain") == "?? scratch.txt\n", "the update ran"
+
+
+def test_fleet_table(
+    projects: dict[tuple[str, int], Project],
+    conflicted: dict[str, Conflicted],
+    releases: Releases,
+    tmp_path: Path,
+) -> None:
+    """One table for repositories at different releases and states, made by both engines."""
     copier0, copier1 = projects["copier", 0], projects["copier", 1]
     cruft0, cruft1 = projects["cruft", 0], projects["cruft", 1]
+    dirty = tmp_path / "dirty"  # a project with work not committed yet
+    git(tmp_path, "clone", "-q", str(copier0.behind), str(dirty))
+    (dirty / "scratch.txt").write_text("not committed\n", "utf-8")
     repos = [
-        str(copier0.behind),
+        str(dirty),
         str(copier1.behind),
         f"file://{cruft0.behind}",  # a git URL: cloned for the look
         str(cruft1.behind),
         str(copier1.path),  # updated: up to date
         str(cruft0.path),
+        str(conflicted["copier"].behind),  # will conflict
+        str(conflicted["cruft"].path),  # did conflict: the update is not finished
+    ]
+    first, second, newest = releases.versions
+    # engine, recorded, behind, conflict risk, uncommitted (None: some), exit status
+    expected = [
+        ("copier", first, 2, [], 1, status.BEHIND),
+        ("copier", second, 1, [], 0, status.BEHIND),
+        ("cruft", first, 2, [], 0, status.BEHIND),
+        ("cruft", second, 1, [], 0, status.BEHIND),
+        ("copier", newest, 0, [], 0, status.UP_TO_DATE),
+        ("cruft", newest, 0, [], 0, status.UP_TO_DATE),
+        ("copier", second, 1, [SCRIPT], 0, status.BEHIND),
+        ("cruft", newest, 0, [], None, status.UNRESOLVED),
     ]
     listing = _fleet_list(tmp_path / "team.txt", repos)
     # In a generated project: `make template-status REPOS=...`, here as JSON.
     target = ["make", "--no-print-directory", "template-status", f"REPOS={listing}", "JSON=1"]
     done = _run(target, copier1.path)
-    assert done.returncode == 2 and "Error 3" in done.stderr, done.stderr
+    assert done.returncode == 2 and "Error 4" in done.stderr, done.stderr
     table = json.loads(done.stdout)
-    assert table["exit_code"] == status.BEHIND
+    assert table["exit_code"] == status.UNRESOLVED  # the worst row's
     rows = table["repos"]
     assert [row["repo"] for row in rows] == repos
-    newest = releases.versions[-1]
-    expected = [
-        (releases.versions[0], 2, [SCRIPT]),
-        (releases.versions[1], 1, [SCRIPT]),
-        (releases.versions[0], 2, [SCRIPT]),
-        (releases.versions[1], 1, [SCRIPT]),
-        (newest, 0, []),
-        (newest, 0, []),
-    ]
-    for row, (recorded, behind_by, risk) in zip(rows, expected, strict=True):
-        assert (row["recorded"], row["newest"], row["behind_by"]) == (recorded, newest, behind_by)
-        assert row["conflict_risk"] == risk, row
-        assert row["exit_code"] == (status.BEHIND if behind_by else status.UP_TO_DATE)
+    for row, (engine, recorded, behind_by, risk, dirt, code) in zip(rows, expected, strict=True):
+        assert (row["engine"], row["recorded"], row["newest"]) == (engine, recorded, newest), row
+        assert (row["behind_by"], row["conflict_risk"], row["exit_code"]) == (behind_by, risk, code)
+        assert row["action_needed"] == ([newest] if behind_by else []), row
+        assert len(row["uncommitted"]) == dirt if dirt is not None else row["uncommitted"], row
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["last_update"]), row
+    assert rows[-1]["conflict_markers"], "the unfinished update is not shown"
     # From the template's own clone: `make fleet`, as text, one aligned line per repository.
     done = _run(
         ["make", "fleet", f"REPOS={listing}", f"PYTHON={sys.executable}"], releases.template
     )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
-    header, body = lines[-7], lines[-6:]
-    assert header.split()[:4] == ["repo", "recorded", "newest", "behind"]
-    column = header.index("newest")
-    for line, repo, (recorded, behind_by, risk) in zip(body, repos, expected, strict=True):
+    header, body = lines[-9], lines[-8:]
+    assert header.split()[:7] == [
+        "repo", "engine", "recorded", "newest", "behind", "action", "uncommitted"
+    ]  # fmt: skip
+    at = {name: header.index(name) for name in ("engine", "behind", "uncommitted", "conflict")}
+    for line, repo, row in zip(body, repos, expected, strict=True):
+        engine, recorded, behind_by, risk, dirt, code = row
         assert line.startswith(repo)
-        assert line[column:].split()[:2] == [newest, str(behind_by)], line
-        assert line[header.index("recorded") :].split()[0] == recorded, line
-        assert (SCRIPT in line) == bool(risk), line
+        assert line[at["engine"] :].split()[:3] == [engine, recorded, newest], line
+        assert line[at["behind"] :].split()[:2] == [str(behind_by), newest if behind_by else "-"]
+        cell = line[at["uncommitted"] :].split()[0]
+        assert cell == str(dirt) if dirt is not None else int(cell) > 0, line
+        left = "left: " if code == status.UNRESOLVED else "-"
+        assert line[at["conflict"] :].startswith(SCRIPT if risk else left), line
 
 
 def test_fleet_names_a_repository_it_cannot_read(
@@ -596,10 +701,7 @@ def test_status_names_conflict_markers_left_by_an_update(
     script = [sys.executable, "tools/template_status.py"]
     done = _run(script, project)
     assert done.returncode == status.UNRESOLVED == 4, done.stderr
-    assert (
-        f"Conflict markers left by an update (resolve them, then commit):\n  {SCRIPT}"
-        in done.stdout
-    )
+    assert f"Conflicts left by an update (resolve them, then commit):\n  {SCRIPT}" in done.stdout
     done = _run([*script, "--json"], project)
     assert json.loads(done.stdout)["conflict_markers"] == [SCRIPT]
     # `make lint` and CI run the project's pre-commit hook, which names the file too (outside
@@ -639,7 +741,7 @@ def test_status_without_release_tags_agrees_with_the_record(
     assert done.returncode == status.BEHIND, done.stderr
     report = json.loads(done.stdout)
     assert (report["newest"], report["behind_by"]) == (releases.versions[-1], 1)
-    assert report["conflict_risk"] == [SCRIPT]
+    assert report["trial_merge"] == {SCRIPT: status.CLEAN}
 
 
 def test_docs_sample_is_a_real_report(updated: Project) -> None:
@@ -657,7 +759,7 @@ def test_template_status_after_the_update(updated: Project, releases: Releases) 
     done = updated.status_after
     assert done is not None, "the update failed"
     assert done.returncode == 0, done.stderr
-    assert "Conflict markers" not in done.stdout
+    assert "Conflicts left" not in done.stdout
     assert f"This project: hpc-ml-template {releases.versions[-1]}\n" in done.stdout
     assert f"Up to date: no release after {releases.versions[-1]}." in done.stdout
 
@@ -736,6 +838,66 @@ def test_status_without_a_recorded_source_names_the_fix(releases: Releases, tmp_
     done = _template_status(baked.project, f"TEMPLATE={releases.template}")
     assert done.returncode == 0, done.stderr
     assert f"Up to date: no release after {releases.versions[-1]}." in done.stdout
+
+
+def test_plain_cookiecutter_project_links_from_its_answers(
+    releases: Releases, tmp_path: Path
+) -> None:
+    """No answers file: `make template-link` records the source with cruft, asking nothing."""
+    out = tmp_path / "out"
+    args = [str(BIN / "cookiecutter"), "--no-input", "--checkout", releases.tag(0), "-o", str(out)]
+    done = _run(
+        [*args, f"git+file://{releases.template}", "project_name=Heat Sim", "cluster=generic"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    project = out / SLUG
+    done = _run(["make", "--no-print-directory", "update"], project)
+    assert done.returncode == 2
+    assert "make update: made with plain cookiecutter, which cannot update: link" in done.stderr
+    # The fleet reads it against the template it is given.
+    listing = _fleet_list(tmp_path / "team.txt", [str(project)])
+    fleet = ["make", "fleet", f"REPOS={listing}", f"TEMPLATE={releases.template}", "JSON=1"]
+    done = _run([*fleet, f"PYTHON={sys.executable}"], releases.template)
+    row = json.loads(done.stdout)["repos"][0]
+    assert (row["engine"], row["recorded"], row["behind_by"]) == (
+        "cookiecutter",
+        releases.versions[0],
+        2,
+    )
+    done = _run(
+        ["make", "--no-print-directory", "template-link", f"TEMPLATE={releases.template}"], project
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Linked to {releases.template} at {releases.tag(0)}: commit .cruft.json" in done.stdout
+    state = json.loads((project / ".cruft.json").read_text("utf-8"))
+    record = json.loads((project / ".hpc-ml-template.json").read_text("utf-8"))
+    answers = {k: v for k, v in state["context"]["cookiecutter"].items() if not k.startswith("_")}
+    assert answers == record["answers"]
+    assert answers["cluster"] == "generic"  # the recorded answer, not the default
+    assert state["commit"] == git(releases.template, "rev-parse", f"{releases.tag(0)}^0").strip()
+    git(project, "add", ".cruft.json")
+    git(project, "commit", "-q", "-m", "link to the template")
+    done = _run(["make", "--no-print-directory", "update"], project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((project / ".hpc-ml-template.json").read_text("utf-8"))
+    assert record["version"] == releases.versions[-1]
+    assert "# template release" in (project / SCRIPT).read_text("utf-8")
+
+
+def test_status_reads_a_git_plus_file_source(releases: Releases, tmp_path: Path) -> None:
+    """copier takes `git+file://...`; the status tool clones it like any git URL."""
+    source = f"git+file://{releases.template}"
+    args = [str(BIN / "copier"), "copy", "--defaults", "--trust", "--quiet"]
+    args += ["--vcs-ref", releases.tag(1), "--data=project_name=Heat Sim"]
+    done = _run([*args, source, str(tmp_path / SLUG)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = _run([sys.executable, "tools/template_status.py", "--json"], tmp_path / SLUG)
+    assert done.returncode == status.BEHIND, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["template"], report["recorded"], report["behind_by"]) == (
+        source, releases.versions[1], 1
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- make release

@@ -4,8 +4,9 @@ Reads the release this project records (``.hpc-ml-template.json``), looks up the
 release of the template it came from (the source that copier's or cruft's answers file
 records, or ``--template``) and prints the changelog entries in between, the files an
 update would touch, split by who owns them, and the template-owned files this project
-changed that the update changes too (where an update may conflict). It changes nothing
-here: the template is cloned into a temporary folder. Standard library and git only, so it
+changed that the update changes too, each with the outcome of a trial three-way merge
+(where an update will conflict). It changes nothing here: the template is cloned into a
+temporary folder. Standard library and git only, so it
 runs before `make install` and with any Python 3.10+.
 
 Given repositories (paths or git URLs, as arguments or one per line in ``--repos-file``),
@@ -14,7 +15,7 @@ it prints one table for all of them instead: a team's fleet at a glance.
 "Behind" means: a release tag (vX.Y.Z) newer than the recorded release exists. Unreleased
 template commits do not count (``cruft check`` compares with the template's HEAD instead).
 Exit status, for CI: 0 up to date, 1 no answer (an error), 3 behind, 4 conflict markers
-left in a file (an update not finished); for a table, the worst of its rows.
+or rejected hunks left (an update not finished); for a table, the worst of its rows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ COPIER_ANSWERS = ".copier-answers.yml"
 CRUFT_STATE = ".cruft.json"
 # copier's short forms of code-host URLs, as its answers file may record them.
 SHORT_HOSTS = {"gh:": "https://github.com/", "gl:": "https://gitlab.com/"}
+# The engine that took each answers file (a project without either: plain cookiecutter).
+ENGINES = {COPIER_ANSWERS: "copier", CRUFT_STATE: "cruft"}
 RELEASE_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
 CHANGELOG_HEADING = re.compile(r"^## (\d+)\.(\d+)\.(\d+)\b")
 # How the template names files (escaped braces: this module itself is never rendered).
@@ -44,10 +47,16 @@ CONDITION = re.compile(
     r"\{[%]-?\s*if\s+cookiecutter\.(\w+)\s*==\s*'([^']*)'\s*-?%\}(.*?)\{[%]-?\s*endif\s*-?%\}"
 )
 VARIABLE = re.compile(r"\{\{\s*cookiecutter\.(\w+)\s*\}\}")
+# A changelog entry's update line (tools/release.py checks each entry has one).
+ACTION_NEEDED = re.compile(r"^Update: action needed\b")
 CHANGE_WORDS = {"A": "added", "M": "modified", "D": "removed", "T": "modified"}
 # Lines git, copier and cruft write around the two sides of a conflict.
 MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
 MARKER_SCAN_LIMIT = 5 * 1024 * 1024  # bytes
+# Hunks `git apply --reject` could not place (cruft's fallback) land in these files.
+REJECTED = ".rej"
+# What a trial merge of one changed file says (the report's words).
+CONFLICTS, CLEAN, UNTRIED = "conflicts", "merges cleanly", "may conflict"
 UP_TO_DATE, FAILED, BEHIND, UNRESOLVED = 0, 1, 3, 4
 # Worst first: a table exits with the status of its worst row.
 SEVERITY = (FAILED, UNRESOLVED, BEHIND, UP_TO_DATE)
@@ -65,6 +74,7 @@ class Change:
 
     status: str  # added, modified, removed
     path: str  # relative to the project root
+    source: str  # the template's path of it
 
 
 @dataclass
@@ -72,18 +82,25 @@ class Status:
     """Where one project stands; what the text report, the table and --json show."""
 
     project: str
+    engine: str  # copier, cruft or cookiecutter (no answers file)
     template: str
     recorded: str  # the release the project records
     newest: str  # the template's newest release
     newest_ref: str  # its tag, or "HEAD" where the template has no release tags
     behind_by: int  # releases after the recorded one
     changelog: str = ""
+    # The releases after the recorded one whose changelog entry says "action needed".
+    action_needed: list[str] = field(default_factory=list)
     template_owned: list[Change] = field(default_factory=list)
     project_owned: list[Change] = field(default_factory=list)
     # Files outside the project-owned list that this project changed (None: not in git).
     changed_here: list[str] | None = None
-    conflict_risk: list[str] = field(default_factory=list)
+    # Each template-owned file an update changes that was changed here too, and what a trial
+    # merge of the two changes says: conflicts, merges cleanly, or may conflict (untried).
+    trial_merge: dict[str, str] = field(default_factory=dict)
+    conflict_risk: list[str] = field(default_factory=list)  # those that conflict or may
     conflict_markers: list[str] = field(default_factory=list)
+    uncommitted: list[str] | None = None  # None: not in git
     last_update: str | None = None  # date of the last commit that changed the record
 
     @property
@@ -94,17 +111,20 @@ class Status:
         return BEHIND if self.behind_by else UP_TO_DATE
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
+def _git_bytes(*args: str, cwd: Path | None = None, ok: range = range(1)) -> tuple[int, bytes]:
+    """Run git: its exit status (one of ``ok``, else StatusError) and its output."""
     git = shutil.which("git")
     if git is None:
         raise StatusError("git not found on PATH")
-    done = subprocess.run(  # noqa: S603  (fixed git commands)
-        [git, *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        raise StatusError(f"git {args[0]}: {last}")
-    return done.stdout
+    done = subprocess.run([git, *args], cwd=cwd, capture_output=True, check=False)  # noqa: S603
+    if done.returncode not in ok:
+        stderr = done.stderr.decode("utf-8", "replace").strip()
+        raise StatusError(f"git {args[0]}: {(stderr.splitlines() or ['failed'])[-1]}")
+    return done.returncode, done.stdout
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    return _git_bytes(*args, cwd=cwd)[1].decode("utf-8")
 
 
 def _version(text: str, where: str = RECORD) -> Version:
@@ -175,11 +195,11 @@ def recorded_source(root: Path) -> tuple[str, str, Path] | None:
 
 
 def clone_url(source: str) -> str:
-    """A URL or path git can clone, from copier's short forms too."""
+    """A URL or path git can clone, from copier's forms too (``gh:``, ``git+file://``)."""
     for short, url in SHORT_HOSTS.items():
         if source.startswith(short):
             return url + source.removeprefix(short)
-    return source
+    return source.removeprefix("git+")  # copier's mark of a git source; git needs the URL
 
 
 def resolve_local(source: str, root: Path) -> str:
@@ -196,6 +216,17 @@ def releases(repo: Path) -> dict[Version, str]:
     for tag in _git("tag", "--list", "v*", cwd=repo).split():
         if match := RELEASE_TAG.match(tag):
             found[(int(match[1]), int(match[2]), int(match[3]))] = tag
+    return found
+
+
+def actions_needed(changelog: str) -> list[str]:
+    """The releases among these changelog entries whose update line says "action needed"."""
+    found, version = [], ""
+    for line in changelog.splitlines():
+        if match := CHANGELOG_HEADING.match(line):
+            version = ".".join(match.groups())
+        elif version and ACTION_NEEDED.match(line):
+            found.append(version)
     return found
 
 
@@ -255,7 +286,7 @@ def changes(repo: Path, base: str, head: str, answers: dict[str, str]) -> list[C
     for status, path in zip(fields[::2], fields[1::2], strict=True):
         target = project_path(path, answers)
         if target is not None:
-            found.append(Change(CHANGE_WORDS.get(status[:1], "changed"), target))
+            found.append(Change(CHANGE_WORDS.get(status[:1], "changed"), target, path))
     return sorted(found, key=lambda change: change.path)
 
 
@@ -270,35 +301,86 @@ def _base_ref(repo: Path, commit: str, version: Version, tags: dict[Version, str
     raise StatusError(f"release {_show(version)} is not in the template's history")
 
 
-def changed_here(root: Path) -> set[str] | None:
-    """Files this project changed itself: committed outside a generation or an update.
-
-    A commit that changes the release record is the template's (the first commit, or an
-    update); every other commit, and what is not committed yet, is the project's. Edits
-    committed together with an update are not seen. None when ``root`` is not in git.
-    """
+def git_prefix(root: Path) -> str | None:
+    """Where ``root`` lies in its git repository ("" at its top); None when not in git."""
     try:
-        prefix = _git("rev-parse", "--show-prefix", cwd=root).strip()
+        return _git("rev-parse", "--show-prefix", cwd=root).strip()
     except StatusError as exc:
         if (root / ".git").exists():  # a repository git cannot read: not "not in git"
             raise StatusError(f"{root / '.git'}: damaged ({exc})") from None
         return None
+
+
+def uncommitted(root: Path, prefix: str) -> list[str]:
+    """The project's files that differ from its last commit, new files included."""
+    dirty = _git(
+        "status", "--porcelain", "-z", "--no-renames", "--untracked-files=all", "--", ".",
+        cwd=root,
+    )  # fmt: skip
+    # Porcelain paths are relative to the repository's top, not to the project.
+    paths = (entry[3:] for entry in filter(None, dirty.split("\0")))
+    return sorted(path.removeprefix(prefix) for path in paths if path.startswith(prefix))
+
+
+def committed_here(root: Path) -> set[str]:
+    """Files this project's own commits changed: all but a generation's or an update's.
+
+    A commit that changes the release record is the template's (the first commit, or an
+    update); every other commit is the project's. Edits committed together with an update
+    are not seen.
+    """
     log = _git("log", "--no-renames", "--format=%x00", "--name-only", "--relative", cwd=root)
     found: set[str] = set()
     for commit in log.split("\0")[1:]:
         files = {line for line in commit.splitlines() if line}
         if RECORD not in files:
             found |= files
-    dirty = _git("status", "--porcelain", "-z", "--untracked-files=all", "--", ".", cwd=root)
-    for entry in filter(None, dirty.split("\0")):
-        path = entry[3:]
-        if path.startswith(prefix):  # porcelain paths are relative to the repository root
-            found.add(path.removeprefix(prefix))
     return found
 
 
+def _merge(ours: bytes, base: bytes, theirs: bytes, folder: Path) -> bytes | None:
+    """Merge two changes of ``base`` (git merge-file); None where they conflict."""
+    names = []
+    for name, content in (("ours", ours), ("base", base), ("theirs", theirs)):
+        (folder / name).write_bytes(content)
+        names.append(str(folder / name))
+    # Its exit status is the number of conflicts (at most 127), negative on an error.
+    code, merged = _git_bytes("merge-file", "-p", "-q", *names, ok=range(128))
+    return None if code else merged
+
+
+def _blob(spec: str, cwd: Path) -> bytes | None:
+    """A file as a commit has it (``<commit>:<path>``); None where it has no such file."""
+    code, content = _git_bytes("show", spec, cwd=cwd, ok=range(256))
+    return content if code == 0 else None
+
+
+def trial_merge(
+    old: bytes | None, new: bytes | None, written: bytes | None, current: bytes | None, tmp: Path
+) -> str:
+    """What taking the template's change of a file this project changed too would do.
+
+    ``old`` and ``new`` are the template's source of the file in the two releases, ``written``
+    the file as the template last wrote it here (at the last commit that wrote the release
+    record), ``current`` the file as it is now (None: what is not there). copier and cruft
+    render both releases with the project's answers and merge the difference into the file.
+    Without rendering, the same in two merges: the template's change goes into ``written``,
+    which renders it wherever the lines around it hold no answers; that result, as a change of
+    ``written``, then meets the project's own change. The first merge failing (answers next to
+    the change) or a binary file leaves the outcome untried.
+    """
+    if old is None or new is None or written is None or current is None:
+        return UNTRIED
+    if any(b"\0" in content for content in (old, new, written, current)):  # binary
+        return UNTRIED
+    rendered = _merge(written, old, new, tmp)
+    if rendered is None:
+        return UNTRIED
+    return CLEAN if _merge(current, written, rendered, tmp) is not None else CONFLICTS
+
+
 def conflict_markers(root: Path) -> list[str]:
-    """Files of the project with conflict markers in them (an update not finished)."""
+    """Files an unfinished update left: with conflict markers, or of rejected hunks."""
     try:
         listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=root)
         files = sorted(set(filter(None, listed.split("\0"))))
@@ -311,6 +393,9 @@ def conflict_markers(root: Path) -> list[str]:
     found = []
     for rel in files:
         path = root / rel
+        if rel.endswith(REJECTED):
+            found.append(rel)
+            continue
         try:
             if path.stat().st_size > MARKER_SCAN_LIMIT:  # data, not text an update merged
                 continue
@@ -379,6 +464,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         behind_by = int(newest > current)
     status = Status(
         project=str(root),
+        engine=ENGINES[recorded[2].name] if recorded else "cookiecutter",
         template=source,
         recorded=_show(current),
         newest=_show(newest),
@@ -387,23 +473,37 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         conflict_markers=conflict_markers(root),
         last_update=_last_update(root),
     )
-    mine = changed_here(root)
+    prefix = git_prefix(root)
     owned = record["project_owned"]
-    status.changed_here = (
-        None
-        if mine is None
-        else sorted(path for path in mine if not is_project_owned(path, owned) and path != RECORD)
-    )
+    if prefix is not None:
+        status.uncommitted = uncommitted(root, prefix)
+        mine = committed_here(root) | set(status.uncommitted)
+        status.changed_here = sorted(
+            path for path in mine if not is_project_owned(path, owned) and path != RECORD
+        )
     if not behind_by:
         return status
     changelog = _git("show", f"{newest_ref}:CHANGELOG.md", cwd=repo)
     status.changelog = changelog_between(changelog, current, newest)
+    status.action_needed = actions_needed(status.changelog)
     base = _base_ref(repo, commit, current, tags)
     touched = changes(repo, base, newest_ref, record["answers"])
     status.template_owned = [c for c in touched if not is_project_owned(c.path, owned)]
     status.project_owned = [c for c in touched if is_project_owned(c.path, owned)]
     edited = set(status.changed_here or [])
-    status.conflict_risk = [c.path for c in status.template_owned if c.path in edited]
+    written_at = _git("log", "-1", "--format=%H", "--", RECORD, cwd=root).strip() if edited else ""
+    for change in status.template_owned:
+        if change.path not in edited:
+            continue
+        here = root / change.path
+        status.trial_merge[change.path] = trial_merge(
+            _blob(f"{base}:{change.source}", repo),
+            _blob(f"{newest_ref}:{change.source}", repo),
+            _blob(f"{written_at}:./{change.path}", root) if written_at else None,
+            here.read_bytes() if change.status == "modified" and here.is_file() else None,
+            templates.folder,
+        )
+    status.conflict_risk = [path for path, said in status.trial_merge.items() if said != CLEAN]
     return status
 
 
@@ -440,18 +540,21 @@ def render(status: Status) -> str:
         if status.changed_here is None:
             lines.append("Changed here too (conflict risk): unknown, this project is not in git.")
         else:
-            risk = status.conflict_risk
-            lines.append(f"Changed here too, so the update may conflict there ({len(risk)}):")
-            lines += [f"  {path}" for path in risk] or ["  (none)"]
+            trial = status.trial_merge
+            lines.append(f"Changed here too, merged with the update on trial ({len(trial)}):")
+            lines += [f"  {said:<14}  {path}" for path, said in trial.items()] or ["  (none)"]
+        if status.action_needed:
+            needed = ", ".join(status.action_needed)
+            lines.append(f"Action needed (see the changelog entries above): {needed}")
         checkout = f" --checkout {status.newest_ref}" if status.newest_ref != "HEAD" else ""
         lines += [
             "",
             "A file is listed when its template source changed; a change inside a part your",
             "answers leave out shows here but changes nothing. Commit your work, then take the",
-            f"release with `copier update --trust` or `cruft update{checkout}`.",
+            f"release with `make update` (`copier update --trust` or `cruft update{checkout}`).",
         ]
     if status.conflict_markers:
-        lines += ["", "Conflict markers left by an update (resolve them, then commit):"]
+        lines += ["", "Conflicts left by an update (resolve them, then commit):"]
         lines += [f"  {path}" for path in status.conflict_markers]
     return "\n".join(lines)
 
@@ -484,12 +587,15 @@ def fleet_row(repo: str, template: str | None, templates: Templates) -> dict[str
         return {**row, "error": str(exc), "exit_code": FAILED}
     return {
         **row,
+        "engine": status.engine,
         "recorded": status.recorded,
         "newest": status.newest,
         "behind_by": status.behind_by,
+        "action_needed": status.action_needed,
         "conflict_risk": status.conflict_risk,
         "changed_here": status.changed_here,
         "conflict_markers": status.conflict_markers,
+        "uncommitted": status.uncommitted,
         "last_update": status.last_update,
         "exit_code": status.exit_code,
     }
@@ -497,20 +603,24 @@ def fleet_row(repo: str, template: str | None, templates: Templates) -> dict[str
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """The fleet as a text table, one line per repository."""
-    header = ["repo", "recorded", "newest", "behind", "conflict risk", "last update"]
+    header = [
+        "repo", "engine", "recorded", "newest", "behind", "action", "uncommitted",
+        "conflict risk", "last update",
+    ]  # fmt: skip
     table = [header]
     for row in rows:
         if "error" in row:
-            table.append([row["repo"], "?", "?", "?", f"error: {row['error']}", ""])
+            table.append([row["repo"], *"??????", f"error: {row['error']}", ""])
             continue
         risk = ", ".join(row["conflict_risk"]) or "-"
+        dirty = "?" if row["uncommitted"] is None else str(len(row["uncommitted"]))
         if row["changed_here"] is None:
             risk = "? (not in git)"
         if row["conflict_markers"]:
-            risk = f"markers left: {', '.join(row['conflict_markers'])}"
+            risk = f"left: {', '.join(row['conflict_markers'])}"
         table.append([
-            row["repo"], row["recorded"], row["newest"], str(row["behind_by"]), risk,
-            row["last_update"] or "-",
+            row["repo"], row["engine"], row["recorded"], row["newest"], str(row["behind_by"]),
+            ", ".join(row["action_needed"]) or "-", dirty, risk, row["last_update"] or "-",
         ])  # fmt: skip
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
     return "\n".join(
@@ -530,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the status of the project in the current folder, or a table of repositories."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="exit status: 0 up to date, 1 error, 3 behind, 4 conflict markers left",
+        epilog="exit status: 0 up to date, 1 error, 3 behind, 4 conflicts left by an update",
     )
     parser.add_argument("repos", nargs="*", help="repositories (paths or git URLs): a table")
     parser.add_argument("--repos-file", action="append", default=[], metavar="FILE",
