@@ -129,6 +129,33 @@ def test_save_time_is_fitted_as_a_fixed_part_plus_bytes_over_a_speed() -> None:
     assert fit((1e8, 1.0), (4e8, 1.05)) == (0.0, 4e8 / 1.05)  # too close to tell: all bytes
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_disk_probe_writes_only_into_a_folder_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit of `plan`'s disk probe: its samples go into a temporary folder of its own in
+    the runs folder, removed after, also when a sample fails; a run there stays as it was."""
+    runs = tmp_path / "runs"
+    (runs / "mine").mkdir(parents=True)
+    (runs / "mine" / "metrics.csv").write_text("step,loss\n1,0.5\n", "utf-8")
+    before = _files(runs)
+    cfg = pkg("task").load_config(None, ["task.name=toy_tasks.blobs", "model.hidden=16"])
+    speed = plan.save_speed(cfg, runs, 1)
+    assert speed.save_rate > 0 and speed.load_rate > 0
+    assert (_files(runs), sorted(p.name for p in runs.iterdir())) == (before, ["mine"])
+
+    def full_disk(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan.Checkpointer, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        plan.save_speed(cfg, runs, 1)
+    assert (_files(runs), sorted(p.name for p in runs.iterdir())) == (before, ["mine"])
+
+
 @pytest.mark.slow
 def test_plan_command_measures_the_disk_and_reads_the_cluster(project: Path) -> None:
     (project / "configs").mkdir()

@@ -324,3 +324,40 @@ def test_data_dir_moves_the_raw_folder_but_not_the_manifest(
     (scratch / "raw.manifest.tsv").rename(project / "data" / "raw.manifest.tsv")
     monkeypatch.setenv("DATA_DIR", str(scratch))
     assert changes(capsys) == (0, ["scratch/raw: all files match data/raw.manifest.tsv"])
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``root``: its content and permission bits."""
+    return {
+        path.relative_to(root).as_posix(): (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_freeze_writes_its_manifest_and_write_bits_only(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit of a writing command: `data freeze --update` changes the manifest, its digest
+    cache and the write bits of the raw files it records, nothing else, and a failure to write
+    the manifest leaves everything as it was, with no temporary file behind."""
+    (project / "data" / "notes.txt").write_text("mine\n", "utf-8")  # beside the manifest
+    raw = project / "data" / "raw"
+    _add(raw)
+    before = _tree(project)
+
+    def refuse(self: Path, target: Path) -> Path:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "replace", refuse)
+        with pytest.raises(OSError, match="No space left"):
+            rawdata.freeze(Path("data/raw"), Path(rawdata.MANIFEST_PATH), update=True)
+    assert _tree(project) == before
+    code, _, _ = run_data(capsys, "freeze", "--update")
+    assert code == 0
+    after = _tree(project)
+    changed = {rel for rel in before.keys() | after.keys() if before.get(rel) != after.get(rel)}
+    manifest, added = Path(rawdata.MANIFEST_PATH).as_posix(), "data/raw/images/0003.bin"
+    assert changed == {manifest, added, f"data/{rawdata.CACHE_NAME}"}, changed
+    assert after[added] == (before[added][0], before[added][1] & ~0o222)  # only its write bits
