@@ -859,6 +859,7 @@ def test_plain_cookiecutter_project_links_from_its_answers(
     listing = _fleet_list(tmp_path / "team.txt", [str(project)])
     fleet = ["make", "fleet", f"REPOS={listing}", f"TEMPLATE={releases.template}", "JSON=1"]
     done = _run([*fleet, f"PYTHON={sys.executable}"], releases.template)
+    assert done.returncode == 2 and "Error 3" in done.stderr, done.stdout + done.stderr
     row = json.loads(done.stdout)["repos"][0]
     assert (row["engine"], row["recorded"], row["behind_by"]) == (
         "cookiecutter",
