@@ -158,6 +158,12 @@ def output_problems(step: Step, output: str) -> list[str]:
 STEPS = parse_steps(TUTORIAL.read_text("utf-8"))
 
 
+def pre_commit_home() -> str:
+    """The pre-commit cache of the user running the tests, where pre-commit looks for it."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return os.environ.get("PRE_COMMIT_HOME") or str(Path(cache) / "pre-commit")
+
+
 class Tutorial:
     """Runs the steps in order, once per test session, remembering each one's outcome."""
 
@@ -199,10 +205,7 @@ class Tutorial:
             # pre-commit's hook environments from the real cache, as in a course's shared one
             # (the tutorial's "For instructors"): a first commit in the fresh home would
             # build them all from the package index, for every test session.
-            "PRE_COMMIT_HOME": os.environ.get("PRE_COMMIT_HOME")
-            or str(
-                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pre-commit"
-            ),
+            "PRE_COMMIT_HOME": pre_commit_home(),
             "GIT_TERMINAL_PROMPT": "0",
         }
         self.state = work / "pwd"
