@@ -6,6 +6,10 @@ the page shows in full, e.g. a task module), and a `text` block after `<!-- expe
 output that must appear: each of its non-empty lines, in order, inside the output lines
 (stdout and stderr together). Numbers match any number and `…` matches anything, so
 timings, paths and losses may differ while the words, the order and the shape must not.
+After `<!-- expect exact -->` the block is the whole output instead: one line for each
+non-empty output line, each matching all of it, none left out and none added. Listings
+(`ls`) are shown this way, so a file that a change adds to the listed folder fails here
+until the page shows it.
 Steps that need a cluster carry no marker and are not run; the test stands in for the
 tutorial's environment step by putting the project's command on PATH (`python -m <slug>`
 with `src/` on PYTHONPATH).
@@ -27,7 +31,7 @@ from engines import Bake
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
-RUN, EXPECT = "<!-- run -->", "<!-- expect -->"
+RUN, EXPECT, EXPECT_EXACT = "<!-- run -->", "<!-- expect -->", "<!-- expect exact -->"
 WRITE = re.compile(r"<!-- write (\S+) -->")
 TESTED_TAG = "▶ tested"
 SLUG = "digits_workshop"  # the slug of the tutorial's project name
@@ -42,6 +46,7 @@ class Step:
     section: str
     command: str
     expected: list[str] = field(default_factory=list)
+    exact: bool = False  # the expected lines are the whole output (`<!-- expect exact -->`)
 
 
 def _fenced(lines: list[str], start: int) -> tuple[str, list[str], int]:
@@ -84,11 +89,13 @@ def parse_steps(text: str) -> list[Step]:
             )
             steps.append(Step(line=i, section=section, command=command))
             continue
-        if line.strip() == EXPECT:
+        if line.strip() in {EXPECT, EXPECT_EXACT}:
             assert steps, f"line {i + 1}: expected output before any run block"
+            exact = line.strip() == EXPECT_EXACT
             info, body, i = _fenced(lines, i + 1)
             assert info == "text", f"line {i}: an expect block must be text, not {info!r}"
             steps[-1].expected = [b for b in body if b.strip()]
+            steps[-1].exact = exact
             continue
         i += 1
     return steps
@@ -123,7 +130,38 @@ def missing_lines(expected: list[str], output: str) -> list[str]:
     return missing
 
 
+def _whole_line(want: str) -> re.Pattern[str]:
+    """A pattern for a normalised output line that matches ``want`` from start to end."""
+    return re.compile(".*".join(re.escape(_normal(part)) for part in want.split("…")))
+
+
+def unmatched_lines(expected: list[str], output: str) -> list[str]:
+    """Differences between the expected lines and the whole output (``expect exact``)."""
+    out = [line for line in output.splitlines() if line.strip()]
+    problems = [
+        f"line {number}: {got!r}, expected {want!r}"
+        for number, (want, got) in enumerate(zip(expected, out, strict=False), 1)
+        if not _whole_line(want).fullmatch(_normal(got))
+    ]
+    problems += [f"missing: {want!r}" for want in expected[len(out) :]]
+    problems += [f"not shown on the page: {got!r}" for got in out[len(expected) :]]
+    return problems
+
+
+def output_problems(step: Step, output: str) -> list[str]:
+    """What the page shows for ``step`` but its output lacks (or, if exact, what differs)."""
+    if step.exact:
+        return unmatched_lines(step.expected, output)
+    return missing_lines(step.expected, output)
+
+
 STEPS = parse_steps(TUTORIAL.read_text("utf-8"))
+
+
+def pre_commit_home() -> str:
+    """The pre-commit cache of the user running the tests, where pre-commit looks for it."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return os.environ.get("PRE_COMMIT_HOME") or str(Path(cache) / "pre-commit")
 
 
 class Tutorial:
@@ -164,6 +202,10 @@ class Tutorial:
             "MPLCONFIGDIR": os.environ.get(
                 "MPLCONFIGDIR", str(Path.home() / ".config" / "matplotlib")
             ),
+            # pre-commit's hook environments from the real cache, as in a course's shared one
+            # (the tutorial's "For instructors"): a first commit in the fresh home would
+            # build them all from the package index, for every test session.
+            "PRE_COMMIT_HOME": pre_commit_home(),
             "GIT_TERMINAL_PROMPT": "0",
         }
         self.state = work / "pwd"
@@ -223,6 +265,29 @@ def test_matcher_is_strict_about_words_and_order() -> None:
     assert missing_lines(["started fresh"], output) == ["started fresh"]
 
 
+def test_exact_matcher_wants_every_line_and_no_other() -> None:
+    listing = "runs/a:\ncheckpoints\nrun_id\n\nruns/a/checkpoints:\nstep-000000110.pt\n"
+    shown = ["runs/a:", "checkpoints", "run_id", "runs/…/checkpoints:", "step-000000007.pt"]
+    assert unmatched_lines(shown, listing) == []
+    assert unmatched_lines([line for line in shown if line != "run_id"], listing)
+    assert unmatched_lines([*shown, "summary.json"], listing) == ["missing: 'summary.json'"]
+    assert unmatched_lines(["runs/a:", "checkpoint", *shown[2:]], listing)  # a whole line
+    # Parsed from a page: the marker sets the mode of the step before it.
+    page = "\n".join(
+        ["<!-- run -->", "```bash", "ls", "```", "<!-- expect exact -->", "```text", "a", "```"]
+    )
+    (step,) = parse_steps(page)
+    assert step.exact
+    assert step.expected == ["a"]
+
+
+def test_listings_are_checked_exactly() -> None:
+    """A run block that lists folders shows the whole listing (`<!-- expect exact -->`)."""
+    for step in STEPS:
+        lists = any(line.split()[:1] == ["ls"] for line in step.command.splitlines())
+        assert step.exact or not lists, f"line {step.line}: an `ls` block needs expect exact"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "index", range(len(STEPS)), ids=[f"line{s.line}-{s.command.split()[0]}" for s in STEPS]
@@ -231,7 +296,7 @@ def test_step(tutorial: Tutorial, index: int) -> None:
     step = STEPS[index]
     done = tutorial.run_through(index)
     assert done.returncode == 0, f"line {step.line}: exit {done.returncode}\n{done.stdout}"
-    missing = missing_lines(step.expected, done.stdout)
+    missing = output_problems(step, done.stdout)
     assert not missing, f"line {step.line}: not in the output: {missing}\n--- output\n{done.stdout}"
 
 
@@ -295,7 +360,7 @@ def run_page(page: Path, template: Path, default_bake: Bake, tmp_path: Path) -> 
         done = runner.run_through(index)
         where = f"{page.name} line {step.line}"
         assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}"
-        missing = missing_lines(step.expected, done.stdout)
+        missing = output_problems(step, done.stdout)
         assert not missing, f"{where}: not in the output: {missing}\n--- output\n{done.stdout}"
 
 
