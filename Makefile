@@ -26,13 +26,14 @@ PYTEST_ARGS ?=
 # alone, one at a time: a local cluster's ranks rendezvous over TCP with timeouts, and beside
 # two busy workers the two-node jobs missed theirs (see docs/contributing.md).
 TEST_WORKERS ?= 2
-# What `make test-quick` runs: every test that bakes, updates or checks answers and docs, none
-# that runs a generated project's suite, a container, uv or Slurm.
+# What `make test` runs: every test that bakes, updates or checks answers and docs, none that
+# runs a generated project's suite, the tutorial, a container, uv or Slurm. About 12 minutes on
+# two shared cores; `make test-all` (CI, about 25) adds the rest.
 QUICK_TESTS := tests/test_rules.py tests/test_questions.py tests/test_bad_answers.py \
 	tests/test_bake.py tests/test_engines.py tests/test_lint.py tests/test_docs.py \
 	tests/test_update.py
-# Which tests `make release` runs first: all (`make test`, about 30 minutes), quick
-# (`make test-quick`) or none; the tag's message records which. SKIP_TESTS=1 means none.
+# Which tests `make release` runs first: all (`make test-all`, about 25 minutes), quick
+# (`make test`) or none; the tag's message records which. SKIP_TESTS=1 means none.
 TESTS ?= all
 RELEASE_TESTS := $(if $(SKIP_TESTS),none,$(TESTS))
 # release.py runs the mirror generators' checks, which need .venv's packages where it exists.
@@ -40,7 +41,7 @@ RELEASE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 REMOTE ?= origin
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-quick sync bench release publish fleet clean
+.PHONY: help demo test test-all sync bench release publish fleet clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -84,15 +85,15 @@ demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its exam
 	@echo "Results: $(DEMO)/my_hpc_project/runs/demo (checkpoints, metrics.csv, summary.json)"
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
-test: $(STAMP) ## Run every test of the template (bakes, engines, Slurm, generated suites)
+test: $(STAMP) ## The quick set: answers, bakes, engines, lint, docs, updates (no Slurm)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(QUICK_TESTS) \
+		$(PYTEST_ARGS)
+
+test-all: $(STAMP) ## Every test, as CI runs them: adds generated suites, tutorial, environments, Slurm
 	@# Exit status 5 is "no test selected": PYTEST_ARGS may name only one of the two kinds.
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS) || [ $$? -eq 5 ]
-
-test-quick: $(STAMP) ## A quick subset: answers, bakes, engines, lint, docs, updates (no Slurm)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(QUICK_TESTS) \
-		$(PYTEST_ARGS)
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
@@ -102,9 +103,9 @@ sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and th
 release: ## Tag the version in cookiecutter.json: checks, tests (TESTS=all|quick|none), tag
 	$(RELEASE_PYTHON) tools/release.py check
 ifeq ($(RELEASE_TESTS),all)
-	$(MAKE) test
+	$(MAKE) test-all
 else ifeq ($(RELEASE_TESTS),quick)
-	$(MAKE) test-quick
+	$(MAKE) test
 else ifneq ($(RELEASE_TESTS),none)
 	$(error TESTS=$(RELEASE_TESTS): use all, quick or none)
 endif

@@ -121,7 +121,7 @@ def run(
     ``env`` adds variables to this process's environment; a value of None removes one.
     ``timeout`` is a guard against a hang, not a limit on a slow machine.
     """
-    # Without the outer `make test`'s recursion variables: a generated project's make then
+    # Without the outer `make test-all`'s recursion variables: a generated project's make then
     # runs (and prints) as it does for its users, without "make[1]: Entering directory".
     merged = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     for key, value in (env or {}).items():

@@ -983,7 +983,9 @@ def test_release_names_the_tests_it_runs(clone: Path) -> None:
     bogus = _run(["make", "release", "TESTS=bogus", f"PYTHON={sys.executable}"], clone)
     assert "TESTS=bogus: use all, quick or none" in bogus.stderr
     dry = _run(["make", "-n", "release", "TESTS=quick", f"PYTHON={sys.executable}"], clone)
-    assert "make test-quick" in dry.stdout and "tag --tested quick" in dry.stdout, dry.stdout
+    assert "make test\n" in dry.stdout and "tag --tested quick" in dry.stdout, dry.stdout
+    dry = _run(["make", "-n", "release", f"PYTHON={sys.executable}"], clone)
+    assert "make test-all\n" in dry.stdout and "tag --tested all" in dry.stdout, dry.stdout
     quick = re.search(r"^QUICK_TESTS := (.*?[^\\])$", (ROOT / "Makefile").read_text(), re.M | re.S)
     assert quick, "QUICK_TESTS is gone from the Makefile"
     files = quick[1].replace("\\\n", " ").split()

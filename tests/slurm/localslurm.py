@@ -442,7 +442,7 @@ class LocalSlurm:
 def temporary_cluster(prefix: str, **options) -> Iterator[LocalSlurm]:
     """A started instance in a fresh directory under /tmp; stopped and removed afterwards."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # make test runs only unmarked tests on its workers; a cluster there means a missing mark.
+        # make test-all runs only unmarked tests on its workers; a cluster there: a missing mark.
         msg = "a local Slurm started on a pytest-xdist worker: mark the test `slurm`"
         raise RuntimeError(msg)
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
