@@ -857,7 +857,8 @@ def test_plain_cookiecutter_project_links_from_its_answers(
     assert "make update: made with plain cookiecutter, which cannot update: link" in done.stderr
     # The fleet reads it against the template it is given.
     listing = _fleet_list(tmp_path / "team.txt", [str(project)])
-    fleet = ["make", "fleet", f"REPOS={listing}", f"TEMPLATE={releases.template}", "JSON=1"]
+    fleet = ["make", "--no-print-directory", "fleet", f"REPOS={listing}", "JSON=1"]
+    fleet.append(f"TEMPLATE={releases.template}")
     done = _run([*fleet, f"PYTHON={sys.executable}"], releases.template)
     assert done.returncode == 2 and "Error 3" in done.stderr, done.stdout + done.stderr
     row = json.loads(done.stdout)["repos"][0]
