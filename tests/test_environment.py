@@ -347,6 +347,16 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         assert f"apptainer exec --nv --bind {raw}:{raw}:ro --env PYTHONPATH={project}/src" in train
         assert f"container/{slug}.sif python -m {slug} train" in train
         assert "sbatch container/build.sh" in dry("container")
+    # make install registers the environment as a Jupyter kernel named like the package; with
+    # apptainer the kernel runs in the image, as training does.
+    assert "hooks kernel" in install
+    kernel = dry("kernel")
+    if answers["environment"] == "apptainer":
+        image = f"--env PYTHONPATH={project}/src {project}/container/{slug}.sif python"
+        assert image in kernel and '"ipykernel_launcher"' in kernel
+        assert f"kernelspec install --user --name {slug} build/kernel" in kernel
+    else:
+        assert f"-m ipykernel install --user --name {slug} --display-name {slug}" in kernel
     assert "git ls-files -z --others --exclude-standard" in dry("lint")
     assert "pre-commit run --files" in dry("lint")
     assert "-m pytest" in dry("test")

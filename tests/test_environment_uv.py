@@ -56,6 +56,8 @@ def installed(
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # uv of the test environment
         "UV_INDEX": f"pytorch-cpu={index.as_uri()} pytorch-{variant}={index.as_uri()}",
         "UV_PYTHON_DOWNLOADS": "never",  # the Python found here, never a download
+        # `make install` registers the Jupyter kernel here, not in this machine's own list.
+        "JUPYTER_DATA_DIR": str(tmp_path_factory.mktemp("jupyter")),
     }
     start = time.perf_counter()
     done = run(["make", "install", "TORCH_VARIANT=cpu"], project, env)
@@ -81,6 +83,10 @@ def test_install_syncs_the_locked_environment_with_the_chosen_extras(
     for name in ("pytest", "ruff", "mypy", "codespell", "pre-commit"):  # the dev group
         assert (project / ".venv" / "bin" / name).exists(), name
     assert (project / ".git" / "hooks" / "pre-commit").exists()
+    # The Jupyter kernel of the synced environment, under the package's name.
+    kernel_json = Path(str(env["JUPYTER_DATA_DIR"])) / "kernels" / project.name / "kernel.json"
+    kernel = json.loads(kernel_json.read_text("utf-8"))
+    assert kernel["argv"][0] == python and kernel["display_name"] == project.name
     # The lock is current: what CI runs (`uv sync --locked`) succeeds without changes.
     again = run(["uv", "sync", "--locked", "--extra", "cpu", "--extra", "wandb"], project, env)
     assert again.returncode == 0, again.stderr[-3000:]
