@@ -561,12 +561,16 @@ def test_cruft_extra_context_that_removes_the_rules_runs_first(
 def test_the_answers_checker_reads_every_kind_of_file(
     replay: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Config and rc files, replay files, plain answers; unreadable ones in one line each."""
+    """Config and rc files, replay files, cruft's state, plain answers; unreadable ones in
+    one line each."""
+    edited = {**replay["cookiecutter"], "cluster": "nersc", "_commit": "0" * 40}
     files = {
         "rc.yaml": "default_context:\n  license: GPL-3.0\n  vscode: no\n",
         "replay.json": json.dumps(
             {**replay, "cookiecutter": {**replay["cookiecutter"], "license": "WTFPL"}}
         ),
+        # .cruft.json with an edited choice, which `cruft update` would render
+        "cruft.json": json.dumps({"template": "x", "context": {"cookiecutter": edited}}),
         "data.yml": "project_name: Heat Sim\nci: none\n",
         "cut.yaml": "default_context: [\n",
         "binary.yaml": "\udcff",
@@ -578,15 +582,17 @@ def test_the_answers_checker_reads_every_kind_of_file(
     assert done.returncode == 2  # a file that cannot be read outranks a refused value
     assert done.stdout == "data.yml (answers file): every value passes the template's rules\n"
     errors = done.stderr.splitlines()
-    assert [line.rsplit(" (", 1)[-1] for line in errors[:3]] == [
-        "config file rc.yaml)", "config file rc.yaml)", "replay file replay.json)"
+    assert [line.rsplit(" (", 1)[-1] for line in errors[:4]] == [
+        "config file rc.yaml)", "config file rc.yaml)", "replay file replay.json)",
+        "cruft state cruft.json)",
     ]  # fmt: skip
     assert errors[0].startswith("ERROR: license 'GPL-3.0': must be one of MIT,")
     assert errors[1].startswith("ERROR: vscode 'False': is read by YAML as bool")
     assert errors[2].startswith("ERROR: license 'WTFPL': must be one of MIT,")
-    assert errors[3].startswith("ERROR: cannot read cut.yaml: while parsing")
-    assert errors[4].startswith("ERROR: cannot read binary.yaml: 'utf-8' codec")
-    assert len(errors) == 5
+    assert errors[3].startswith("ERROR: cluster 'nersc': must be one of")
+    assert errors[4].startswith("ERROR: cannot read cut.yaml: while parsing")
+    assert errors[5].startswith("ERROR: cannot read binary.yaml: 'utf-8' codec")
+    assert len(errors) == 6
 
 
 @pytest.fixture(scope="module")

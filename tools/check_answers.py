@@ -10,6 +10,8 @@ anything, and says which kind of file it read:
   ``COOKIECUTTER_CONFIG``, ``~/.cookiecutterrc``;
 - a cookiecutter replay file (answers under ``cookiecutter``): every answer checked as the
   pre-generation hook checks it;
+- cruft's ``.cruft.json`` (answers under ``context``), which ``cruft update`` renders: an
+  edited choice there is refused here, where cruft would stop in its own code;
 - a plain mapping of answers: cruft's ``--extra-context-file``, copier's ``--data-file``.
 
 Run it with the Python of the engine (it has jinja2, python-slugify and PyYAML), e.g.
@@ -58,9 +60,13 @@ def check(data: object, rules: ModuleType) -> tuple[str, list[str]]:
         return "file", ["must hold a mapping of answers or a cookiecutter config"]
     if "default_context" in data:
         return "config file", rules.check_default_context(data["default_context"])
+    template = json.loads((TEMPLATE / "cookiecutter.json").read_text("utf-8"))
     if isinstance(answers := data.get("cookiecutter"), dict):  # a replay file: every answer
-        template = json.loads((TEMPLATE / "cookiecutter.json").read_text("utf-8"))
         return "replay file", rules.check_rendered(answers, template)
+    context = data.get("context")
+    if isinstance(context, dict) and isinstance(answers := context.get("cookiecutter"), dict):
+        # cruft's .cruft.json: `cruft update` renders both releases with these answers
+        return "cruft state", rules.check_rendered(answers, template)
     return "answers file", rules.check_config(data)
 
 
