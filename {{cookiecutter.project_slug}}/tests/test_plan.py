@@ -127,6 +127,7 @@ def test_save_time_is_fitted_as_a_fixed_part_plus_bytes_over_a_speed() -> None:
     speed = pkg("ops.plan").SaveSpeed(fixed, rate, 0.0, 2e9)
     assert (round(speed.save_s(8e9), 6), speed.load_s(8e9)) == (8.5, 4.0)
     assert fit((1e8, 1.0), (4e8, 1.05)) == (0.0, 4e8 / 1.05)  # too close to tell: all bytes
+    assert fit((1e6, 0.002), (1e6, 0.003)) == (0.0, 1e6 / 0.003)  # one size: all bytes
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -170,10 +170,11 @@ class SaveSpeed:
 def _fit(small: tuple[float, float], large: tuple[float, float]) -> tuple[float, float]:
     """(fixed seconds, bytes per second) through two (bytes, seconds) samples.
 
-    Where the two are too close to tell (a noisy disk), all of the time counts as bytes.
+    Where the two are too close to tell (a noisy disk, or one size: `--disk-mb 1` makes both
+    samples 1 MB), all of the time counts as bytes.
     """
     (bytes_a, seconds_a), (bytes_b, seconds_b) = small, large
-    if seconds_b - seconds_a < 0.1 * seconds_b:
+    if bytes_b <= bytes_a or seconds_b - seconds_a < 0.1 * seconds_b:
         return 0.0, bytes_b / seconds_b
     rate = (bytes_b - bytes_a) / (seconds_b - seconds_a)
     return max(0.0, seconds_b - bytes_b / rate), rate
