@@ -6,8 +6,8 @@ records, or ``--template``) and prints the changelog entries in between, the fil
 update would touch, split by who owns them, and the template-owned files this project
 changed that the update changes too, each with the outcome of a trial three-way merge
 (where an update will conflict). It changes nothing here: the template is cloned into a
-temporary folder. Standard library and git only, so it
-runs before `make install` and with any Python 3.10+.
+temporary folder. Standard library and git only, so it runs before `make install` and with
+any Python 3.10+.
 
 Given repositories (paths or git URLs, as arguments or one per line in ``--repos-file``),
 it prints one table for all of them instead: a team's fleet at a glance.
@@ -407,11 +407,13 @@ def conflict_markers(root: Path) -> list[str]:
     return found
 
 
-def _last_update(root: Path) -> str | None:
+def _last_update(root: Path) -> tuple[str, str] | None:
+    """The last commit that wrote the release record (a generation or an update), and its date."""
     try:
-        return _git("log", "-1", "--format=%cs", "--", RECORD, cwd=root).strip() or None
+        found = _git("log", "-1", "--format=%H %cs", "--", RECORD, cwd=root).split()
     except StatusError:
         return None
+    return (found[0], found[1]) if found else None
 
 
 class Templates:
@@ -462,6 +464,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         newest = _version(cc["_template_version"], where="the template's cookiecutter.json")
         newest_ref = "HEAD"
         behind_by = int(newest > current)
+    last = _last_update(root)
     status = Status(
         project=str(root),
         engine=ENGINES[recorded[2].name] if recorded else "cookiecutter",
@@ -471,7 +474,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         newest_ref=newest_ref,
         behind_by=behind_by,
         conflict_markers=conflict_markers(root),
-        last_update=_last_update(root),
+        last_update=last[1] if last else None,
     )
     prefix = git_prefix(root)
     owned = record["project_owned"]
@@ -491,7 +494,6 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
     status.template_owned = [c for c in touched if not is_project_owned(c.path, owned)]
     status.project_owned = [c for c in touched if is_project_owned(c.path, owned)]
     edited = set(status.changed_here or [])
-    written_at = _git("log", "-1", "--format=%H", "--", RECORD, cwd=root).strip() if edited else ""
     for change in status.template_owned:
         if change.path not in edited:
             continue
@@ -499,7 +501,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
         status.trial_merge[change.path] = trial_merge(
             _blob(f"{base}:{change.source}", repo),
             _blob(f"{newest_ref}:{change.source}", repo),
-            _blob(f"{written_at}:./{change.path}", root) if written_at else None,
+            _blob(f"{last[0]}:./{change.path}", root) if last else None,
             here.read_bytes() if change.status == "modified" and here.is_file() else None,
             templates.folder,
         )
