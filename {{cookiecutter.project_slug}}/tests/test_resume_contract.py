@@ -98,7 +98,7 @@ def test_a_resume_on_changed_processed_data_is_one_line(project: Path) -> None:
     assert record["processed_sha256"] == data.processed_digest(task.processed_dir)
     (task.processed_dir / "split.pt").write_bytes(b"another split")  # prepare ran again
     data.write_digests(task.processed_dir)
-    with pytest.raises(pkg("errors").DataError, match="trained on other processed data"):
+    with pytest.raises(pkg("errors").DataError, match=r"other data: processed/.*/split.pt is new"):
         train(*args)
 
 

@@ -9,6 +9,10 @@ edit to your research code. What each name is:
 - helpers for a task's data: `split_indices`, `class_labels`, `sample_generator` (the random
   numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
   a few shards);
+- streams (a train split without length or random access): `stream_part` (which share of
+  the processes and workers this copy reads), `ShuffleBuffer` (a seeded shuffle whose
+  contents resume exactly), `TarShards` (WebDataset-style tar files), `hf_stream` (a Hugging
+  Face `datasets` stream over local files: the `datasets` extra);
 - models: `build_model` (`models.py`, yours), `CausalLM` and `LoRA` (`blocks/transformer.py`);
 - processes that talk: `gather_with_grad` (every process's rows of a tensor, with gradients:
   in-batch negatives over the global batch);
@@ -20,8 +24,11 @@ edit to your research code. What each name is:
 
 from .blocks.transformer import CausalLM, LoRA
 from .config import Config
+from .data.hf_streams import hf_stream
 from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
+from .data.streams import ShuffleBuffer, StreamPart, stream_part
+from .data.tars import TarShards, write_tar_shards
 from .engine.distributed import gather_with_grad
 from .errors import ConfigError, DataError
 from .models import build_model
@@ -51,13 +58,19 @@ __all__ = [
     "Regression",
     "Settings",
     "ShardReader",
+    "ShuffleBuffer",
+    "StreamPart",
+    "TarShards",
     "Task",
     "build_model",
     "class_labels",
     "gather_with_grad",
+    "hf_stream",
     "need_torchmetrics",
     "read_weights",
     "sample_generator",
     "split_indices",
+    "stream_part",
     "write_shards",
+    "write_tar_shards",
 ]

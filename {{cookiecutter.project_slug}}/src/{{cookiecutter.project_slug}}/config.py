@@ -90,6 +90,9 @@ class TrainConfig:
     """Optimisation."""
 
     epochs: int = 30
+    # > 0: the run ends at this optimizer step (or after `epochs`, if sooner). A stream has no
+    # length, so its runs have no planned end without it, and the cosine schedule needs one.
+    max_steps: int = 0
     batch_size: int = 128  # per process; the global batch is this x processes x accumulation
     lr: float = 3e-3
     weight_decay: float = 0.01
@@ -187,6 +190,7 @@ UPPER_BOUNDS: dict[str, float] = {
     "model.channels": 10**5,
     "model.dropout": 1,
     "train.epochs": 10**6,
+    "train.max_steps": 10**12,
     "train.batch_size": 10**8,
     "train.warmup_steps": 10**9,
     "train.grad_accum_steps": 10**5,

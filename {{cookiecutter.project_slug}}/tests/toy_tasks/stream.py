@@ -55,7 +55,6 @@ class Packed(Dataset):
 @dataclass
 class Options:
     n: int = 400
-    packed: bool = True  # false: hand the stream to training as it is (refused)
 
 
 class Stream(Classification):
@@ -78,8 +77,6 @@ class Stream(Classification):
         return f"task {self.name}: {len(items)} readings packed into shards"
 
     def datasets(self, data_dir: Path) -> Any:
-        if not self.options.packed:
-            return Datasets(train=Readings(self.options.n), val=Readings(10), test=Readings(10))
         return Datasets(**{split: Packed(data_dir, split) for split in ("train", "val", "test")})
 
     def build_model(self) -> nn.Module:

@@ -68,8 +68,57 @@ def processed_digest(folder: Path) -> str | None:
         return None
 
 
-def check_same_data(saved: str | None, now: str | None, run: str, folder: Path) -> None:
-    """Refuse a resume on processed data other than the run's (None saved: not recorded)."""
+def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, str]:
+    """{file: sha256} of the processed files and of the files a stream reads from elsewhere.
+
+    A stream's own files (a `source_files()` list, e.g. parquet files in data/external) are
+    hashed once and then cached by file metadata, as the raw data's are, so a later start
+    reads none of their bytes to check them. Names are relative to DATA_DIR where they can be.
+    """
+    files = {f"processed/{folder.name}/{name}": sha for name, sha in read_digests(folder).items()}
+    if not sources:
+        return files
+    cache = HashCache(data_dir / ".stream-sources.sha256-cache.json", Path("/"))
+    for path in sorted(Path(p).resolve() for p in sources):
+        st, rel = path.stat(), path.relative_to("/").as_posix()
+        files[_short(path, data_dir)] = sha = cache.get(rel, st) or file_digest(path)
+        cache.put(rel, st, sha)
+    cache.save()
+    return files
+
+
+def _short(path: Path, data_dir: Path) -> str:
+    try:
+        return path.relative_to(data_dir.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def check_same_data(
+    saved: str | None,
+    now: str | None,
+    run: str,
+    folder: Path,
+    files: tuple[dict[str, str] | None, dict[str, str]] | None = None,
+) -> None:
+    """Refuse a resume on data other than the run's (None saved: not recorded).
+
+    `files`: the checkpoint's and today's `data_files`, to name what changed.
+    """
+    then, current = files or (None, {})
+    changed = (
+        sorted(k for k in then.keys() | current.keys() if then.get(k) != current.get(k))
+        if then
+        else []
+    )
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        name = changed[0]
+        state = "is gone" if name not in current else "is new" if name not in then else "changed"
+        raise DataError(
+            f"run {run} was trained on other data: {name} {state} since its checkpoint"
+            f"{more}; put the data back as it was, or start a new run.name"
+        )
     if saved is None or saved == now:
         return
     now_text = f"is {now[:12]}" if now else "is missing"

@@ -15,14 +15,13 @@ A task's own `collate` makes the batches of the DataLoader path (training and ev
 a data set's own `__getitems__` (one call for a whole batch) is used when it has one.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import (
     DataLoader,
     Dataset,
-    IterableDataset,
     Sampler,
     TensorDataset,
     default_collate,
@@ -32,9 +31,8 @@ from ..errors import DataError
 from ..task import Batch, batch_seed, check_structure, seeded_batch
 from .distributed import DistEnv
 from .preemption import ignore_stop_signals
-
-Collate = Callable[[list[Any]], Batch]
-"""A task's own `collate`; None stands for torch's `default_collate`."""
+from .stream_batches import StreamBatches, is_stream
+from .transfer import Collate, stop_workers, to_device
 
 
 def rank_order(
@@ -46,20 +44,6 @@ def rank_order(
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     per_rank = n // world
     return order[: per_rank * world][rank::world]
-
-
-def to_device(batch: Batch, device: torch.device, channels_last: bool = False) -> Batch:
-    """Move every tensor of a (nested) batch; images (4-D floats) optionally channels-last."""
-    if isinstance(batch, torch.Tensor):
-        batch = batch.to(device, non_blocking=True)
-        if channels_last and batch.dim() == 4 and batch.is_floating_point():
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        return batch
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, channels_last) for k, v in batch.items()}
-    if isinstance(batch, tuple | list):
-        return type(batch)(to_device(v, device, channels_last) for v in batch)
-    return batch
 
 
 def size(dataset: Dataset) -> int:
@@ -76,6 +60,11 @@ def tensor_bytes(dataset: Dataset) -> int | None:
 
 class InMemoryBatches:
     """Training batches indexed from device-resident tensors."""
+
+    ended = False  # map-style data: the trainer counts an epoch's batches by its length
+
+    def state(self) -> None:
+        """No position of its own: the trainer's epoch and batch say where an epoch is."""
 
     def __init__(
         self,
@@ -201,25 +190,6 @@ class EpochBatches(Sampler[BatchKey]):
         return -(-len(self._order()) // self.batch_size) - self.skip
 
 
-def stop_workers(iterator: object) -> None:
-    """End a DataLoader iterator's worker processes now, whoever still holds the iterator.
-
-    Workers ignore SIGTERM (see `ignore_stop_signals`), so multiprocessing's exit handler,
-    which terminates and joins them, would wait forever for workers whose iterator a traceback
-    keeps alive. The iterator's own shutdown (what its `__del__` runs: a done event, then a
-    join) is called here explicitly; a worker still busy after that (stuck in task code) is
-    killed. Without workers, or on a torch without this method, there is nothing to do.
-    """
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is None:
-        return
-    shutdown()
-    for worker in getattr(iterator, "_workers", []):
-        if worker.is_alive():
-            worker.kill()
-            worker.join()
-
-
 def make_loader(
     dataset: Dataset,
     sampler: EpochBatches,
@@ -255,6 +225,11 @@ class LoaderBatches:
 
     `close` shuts the workers down; the trainer calls it on every way out of training.
     """
+
+    ended = False  # map-style data: the trainer counts an epoch's batches by its length
+
+    def state(self) -> None:
+        """No position of its own: the trainer's epoch and batch say where an epoch is."""
 
     def __init__(
         self,
@@ -325,11 +300,25 @@ class EvalBatches:
         num_workers: int,
         prefetch_factor: int,
         collate: Collate | None,
+        where: str = "evaluation",
     ) -> None:
-        """Prepare the passes; no worker starts before the first one."""
+        """Prepare the passes; no worker starts before the first one (`where`: for messages)."""
         self.dataset, self.batch_size, self.denv, self.device = dataset, batch_size, denv, device
         self.loader: LoaderBatches | None = None
-        if not (isinstance(dataset, TensorDataset) and collate is None):
+        self.stream: StreamBatches | None = None
+        if is_stream(dataset):  # each pass with workers of its own (see stream_batches)
+            self.stream = StreamBatches(
+                dataset,
+                batch_size=batch_size,
+                denv=denv,
+                seed=seed,
+                device=device,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor,
+                collate=collate,
+                where=f"{where} stream",
+            )
+        elif not (isinstance(dataset, TensorDataset) and collate is None):
             self.loader = LoaderBatches(
                 dataset,
                 batch_size=batch_size,
@@ -344,6 +333,8 @@ class EvalBatches:
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the split, in order."""
+        if self.stream is not None:
+            return self.stream.passes()
         if self.loader is not None:
             return self.loader.iterate()
         return self._slices()
@@ -356,6 +347,8 @@ class EvalBatches:
 
     def close(self) -> None:
         """Shut the workers down (see `LoaderBatches.close`)."""
+        if self.stream is not None:
+            self.stream.close()
         if self.loader is not None:
             self.loader.close()
 
@@ -371,8 +364,26 @@ def make_train_batches(
     num_workers: int,
     prefetch_factor: int,
     collate: Collate | None = None,
-) -> InMemoryBatches | LoaderBatches:
-    """The fast in-memory path (TensorDataset only) or the DataLoader path."""
+    group: int = 1,
+    where: str = "train",
+) -> "InMemoryBatches | LoaderBatches | StreamBatches":
+    """The fast in-memory path (TensorDataset only), the DataLoader path, or a stream's.
+
+    `group` (batches per optimizer step) and `where` (for messages) concern a stream only.
+    """
+    if is_stream(dataset):
+        return StreamBatches(
+            dataset,
+            batch_size=batch_size,
+            denv=denv,
+            seed=seed,
+            device=device,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            collate=collate,
+            where=f"{where} stream",
+            group=group,
+        )
     if in_memory:
         assert isinstance(dataset, TensorDataset)
         return InMemoryBatches(dataset, batch_size=batch_size, denv=denv, seed=seed, device=device)
@@ -391,15 +402,13 @@ def make_train_batches(
 def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = None) -> None:
     """One clear line when a data set is empty or its first samples cannot be batched.
 
+    A stream is not read here (that would move its position): `StreamFeed` checks its first batch.
+
     Torch's collate needs tensors or numbers in every sample; a task's own `collate` may take
     and return anything (what is not a tensor stays on the host).
     """
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        raise DataError(
-            f"{where} is a stream ({type(dataset).__name__}), not a map-style data set with "
-            "__len__ and __getitem__: write the stream into shards in prepare() (see 'Streams' "
-            "in docs/bring-your-own-task.md)"
-        )
+    if is_stream(dataset):  # its first batch is checked in the worker that makes it
+        return
     if size(dataset) == 0:
         raise DataError(f"{where} has no samples")
     first = [dataset[i] for i in range(min(2, size(dataset)))]

@@ -259,6 +259,18 @@ def sum_tensors(
     return out
 
 
+def all_ranks(flag: bool) -> bool:
+    """True where `flag` is true on every rank: a blocking vote on the host's gloo group.
+
+    No GPU sync; a stream's batches use it to end an epoch on the same batch on every rank.
+    """
+    if _vote_group is None:
+        return flag
+    tensor = torch.tensor([int(flag)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=_vote_group)
+    return bool(tensor.item())
+
+
 def gather_objects(obj: Any, io: bool = False) -> list[Any]:
     """List of `obj` from every rank, in rank order (on every rank); `io` as in `barrier`."""
     if not _active():

@@ -2,6 +2,7 @@
 
 import json
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from .batches import EvalBatches, size, to_device
 from .distributed import DistEnv
 from .run_weights import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
+from .stream_batches import is_stream
 
 
 class KeptOutputs:
@@ -98,12 +100,16 @@ def split_sums(
         collate=own_collate(task),
     )
     forwards, kept = 0, KeptOutputs(task)
+    stream = is_stream(dataset)
     try:
-        for raw in feed:
+        for raw, scored in in_lockstep(feed) if lockstep and stream else ((b, True) for b in feed):
             batch = to_device(raw, device, cfg.model.channels_last)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 part = task.evaluate(model, batch)
             forwards += 1
+            if not scored:  # a stream that ran out here, keeping the others company
+                task.take_kept()
+                continue
             kept.add(task.take_kept())
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
@@ -111,13 +117,33 @@ def split_sums(
         if own:
             feed.close()
     # Rank r scores samples r, r + world, ...: rank 0 has the most, ceil(n / world).
-    most = math.ceil(math.ceil(size(dataset) / denv.world_size) / cfg.train.batch_size)
+    most = 0 if stream else math.ceil(-(-size(dataset) // denv.world_size) / cfg.train.batch_size)
     for _ in range(most - forwards if lockstep and forwards else 0):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             task.evaluate(model, batch)
         task.take_kept()  # unscored
     set_mode(task, model, training=True)
     return {**distributed.sum_tensors(sums, denv, device), **kept.gathered(denv)}
+
+
+def in_lockstep(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """(batch, scored) until every process has run out; one that ran out repeats its last.
+
+    For a sharded model and a stream: every forward gathers parameters from all processes,
+    and nobody knows in advance how many batches each stream holds, so they vote each batch.
+    """
+    last, source = None, iter(batches)
+    while True:
+        raw = next(source, None)
+        if distributed.all_ranks(raw is None):
+            return
+        if raw is None and last is None:
+            raise DataError(
+                "a stream gave this process no batch while others had some: "
+                "give every process a share (see stream_part())"
+            )
+        last = raw if raw is not None else last
+        yield last, raw is not None
 
 
 def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
@@ -162,7 +188,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
         "task": cfg.task.name,
         "step": step,
         "split": "test",
-        "samples": size(datasets.test),
+        "samples": None if is_stream(datasets.test) else size(datasets.test),
         **task.summarize(sums),
     }
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..config import Config, to_dict, to_toml
-from ..data.processed import check_same_data, processed_digest, stage
+from ..data.processed import check_same_data, data_files, processed_digest, stage
 from ..errors import CheckpointError, ConfigError, DataError
 from ..observe import provenance
 from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
@@ -61,6 +61,7 @@ from .runtime import (
     seed_everything,
     threads_note,
 )
+from .stream_batches import is_stream
 from .train_scalars import TrainScalars
 
 
@@ -205,12 +206,30 @@ def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device
     )
 
 
-def check_sizes(cfg: Config, task: Task, datasets: Datasets, denv: distributed.DistEnv) -> int:
-    """Check the first samples and the settings that depend on the data; batches per epoch."""
+def check_sizes(
+    cfg: Config, task: Task, datasets: Datasets, denv: distributed.DistEnv
+) -> int | None:
+    """Check the first samples and the settings that depend on the data; batches per epoch.
+
+    A stream has no length: None, and without `train.max_steps` the run has no planned end.
+    """
     for split in ("train", "val"):
         check_first_sample(
             datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
         )
+    if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
+        raise ConfigError(
+            f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
+            f"(one of {list(task.metrics)})"
+        )
+    if is_stream(datasets.train):
+        if cfg.train.schedule == "cosine" and not cfg.train.max_steps:
+            raise ConfigError(
+                f"train.schedule: 'cosine' decays to zero at the last step, and task "
+                f"{task.name}'s train split is a stream with no length: set train.max_steps, "
+                "or train.schedule='constant'"
+            )
+        return None
     train_size, accum = size(datasets.train), cfg.train.grad_accum_steps
     batches = train_size // denv.world_size // cfg.train.batch_size
     if batches // accum == 0:
@@ -218,12 +237,18 @@ def check_sizes(cfg: Config, task: Task, datasets: Datasets, denv: distributed.D
             f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
             f"{accum} accumulation steps exceeds the {train_size} training samples"
         )
-    if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
-        raise ConfigError(
-            f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
-            f"(one of {list(task.metrics)})"
-        )
     return batches
+
+
+def plan_steps(cfg: Config, batches_per_epoch: int | None) -> tuple[int | None, int | None]:
+    """Optimizer steps per epoch and in all: None where unknown (a stream; no max_steps)."""
+    per_epoch = (
+        None if batches_per_epoch is None else batches_per_epoch // cfg.train.grad_accum_steps
+    )
+    limits = [cfg.train.max_steps] if cfg.train.max_steps else []
+    if per_epoch is not None:
+        limits.append(per_epoch * cfg.train.epochs)
+    return per_epoch, min(limits, default=None)
 
 
 class Trainer:
@@ -258,10 +283,12 @@ class Trainer:
         self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
-        self.batches_per_epoch = check_sizes(cfg, task, datasets, denv)
-        self.steps_per_epoch = self.batches_per_epoch // self.accum
-        self.total_steps = self.steps_per_epoch * cfg.train.epochs
+        self.batches_per_epoch = check_sizes(cfg, task, datasets, denv)  # None: a stream
+        self.steps_per_epoch, self.total_steps = plan_steps(cfg, self.batches_per_epoch)
         self.global_batch = cfg.train.batch_size * denv.world_size * self.accum
+        # Batches of an epoch, per process; a stream's epoch ends when it runs out.
+        spe = self.steps_per_epoch
+        self.epoch_batches = spe * self.accum if spe is not None else math.inf
         self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -277,7 +304,7 @@ class Trainer:
         )
         self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
-        self.scheduler = task.schedule(self.optimizer, self.total_steps)
+        self.scheduler = task.schedule(self.optimizer, self.total_steps)  # type: ignore[arg-type]
         self.dtype = autocast_dtype(cfg.train.precision, device)
         # fp32: no autocast context at all (a disabled one still costs microseconds a step).
         cast = partial(torch.autocast, device.type, self.dtype)
@@ -313,8 +340,11 @@ class Trainer:
             "prefetch_factor": cfg.data.prefetch_factor,
             "collate": own_collate(task),
         }
-        self.val_batches = EvalBatches(datasets.val, **feed)
-        self.batches = make_train_batches(train_set, in_memory=self.in_memory, **feed)
+        self.val_batches = EvalBatches(datasets.val, where=f"task {task.name}: val", **feed)
+        where = f"task {task.name}: train"
+        self.batches = make_train_batches(
+            train_set, in_memory=self.in_memory, group=self.accum, where=where, **feed
+        )
 
     def __enter__(self) -> "Trainer":
         """Lock the run directory (rank 0; every rank learns whether that worked)."""
@@ -348,6 +378,12 @@ class Trainer:
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         self.window = TrainScalars(self.device, self.task.train_scalars)
+        sources = getattr(self.datasets.train, "source_files", list)()  # a stream's own files
+        data_dir = self.settings.data_dir
+        found = (
+            data_files(self.task.processed_dir, sources, data_dir) if self.denv.is_main else None
+        )
+        self.data_files = distributed.broadcast_object(found)
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
@@ -364,7 +400,10 @@ class Trainer:
                 f"task.name: run {self.name} was trained with task "
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
-        check_same_data(state.get("data"), self.data_digest, self.name, self.task.processed_dir)
+        files = (state.get("data_files"), self.data_files)
+        check_same_data(
+            state.get("data"), self.data_digest, self.name, self.task.processed_dir, files
+        )
         if state.get("strategy", "ddp") != self.strategy.name:
             raise CheckpointError(
                 f"dist.strategy: run {self.name}'s checkpoint was written with "
@@ -400,6 +439,8 @@ class Trainer:
         keeps the order; when less than one full step is left the next epoch begins.
         """
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
+        if self.batches_per_epoch is None:  # a stream: its own position, the same split only
+            self.batches.restore([saved.get("stream") for saved in state["rng"]], self.name)
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
             saved = state["rng"][self.denv.rank]
@@ -410,7 +451,8 @@ class Trainer:
             done = self.pos.batch * state["batch_size"] * state["world_size"]
             self.pos.batch = done // (batch_size * world) // self.accum * self.accum
             self.say("warning: process count or batch size changed; this epoch's order changes")
-        if self.pos.batch + self.accum > self.batches_per_epoch:  # no full step left
+        per_epoch = self.batches_per_epoch
+        if per_epoch is not None and self.pos.batch + self.accum > per_epoch:  # no full step left
             self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
 
     def save_checkpoint(self, background: bool = False, writing: bool = False) -> bool:
@@ -432,7 +474,9 @@ class Trainer:
         start = time.perf_counter()
         # Each process's random state, and its part of the next train row's means.
         window = self.window.state()
-        rngs = distributed.gather_objects({**rng_state(self.device), "train_scalars": window})
+        rngs = distributed.gather_objects(
+            {**rng_state(self.device), "train_scalars": window, "stream": self.batches.state()}
+        )
         frozen = self.strategy.frozen_keys(self.net)
         digest = self.strategy.frozen_digest(self.net, frozen) if frozen else ""
         extra = {
@@ -444,6 +488,7 @@ class Trainer:
             "batch_size": self.cfg.train.batch_size,
             "config": to_dict(self.cfg),
             "data": self.data_digest,
+            "data_files": self.data_files,
             "best": self.best,
             "seconds": self.run_seconds(),
             "tracker": self.metrics.tracker_state() if self.metrics else None,
@@ -543,10 +588,8 @@ class Trainer:
     def decide(self, stop_requested: bool, epoch_done: bool, segment_steps: int) -> str:
         """After a step: checkpoint if due; return "stop", "segment", "diverged" or ""."""
         minutes, every = self.cfg.run.checkpoint_every_minutes, self.cfg.run.checkpoint_every_steps
-        segment = (
-            0 < self.cfg.run.max_steps_this_segment <= segment_steps
-            and self.pos.step < self.total_steps
-        )
+        before_end = self.total_steps is None or self.pos.step < self.total_steps
+        segment = 0 < self.cfg.run.max_steps_this_segment <= segment_steps and before_end
         planned = epoch_done or segment or (every > 0 and self.pos.step % every == 0)
         # Every rank acts on the same step, at most one step after any rank saw the flag.
         stop, time_due, writing = self.vote.poll(
@@ -560,7 +603,7 @@ class Trainer:
         due = planned or stop or time_due
         if due and not self.save_checkpoint(not (stop or segment), writing):
             return "diverged"
-        if stop and self.pos.step < self.total_steps:  # a signal after the last step: done
+        if stop and before_end:  # a signal after the last step: done
             return "stop"
         return "segment" if segment else ""
 
@@ -587,7 +630,7 @@ class Trainer:
         self.say(
             f"run {self.name}: {self.denv.world_size} process(es) via {self.denv.launcher}, "
             f"device {self.device}, precision {self.dtype or torch.float32}, {feed}, "
-            f"{self.total_steps} steps ({self.steps_per_epoch}/epoch), "
+            f"{self.plan_note()}, "
             f"global batch {self.global_batch}, {threads_note()}"
         )
         progress = Progress(
@@ -647,7 +690,7 @@ class Trainer:
         segment_steps, seen, clock = 0, self.pos.samples, time.perf_counter()
         window = self.window  # the train row's sums since the last one, across segments
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
-        while self.pos.epoch < self.cfg.train.epochs:
+        while self.pos.epoch < self.cfg.train.epochs and not self.at_end():
             self.task.on_epoch_start(self.net, self.pos.epoch)
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
@@ -685,8 +728,9 @@ class Trainer:
                     tick = self.timers.add("compute", tick)
                 progress.update(self.pos.step, self.pos.epoch, stats)
 
-                epoch_done = self.pos.batch >= self.steps_per_epoch * self.accum
-                if epoch_done or (val_every > 0 and self.pos.step % val_every == 0):
+                epoch_done = self.batches.ended or self.pos.batch >= self.epoch_batches
+                last = epoch_done or self.at_end()
+                if last or (val_every > 0 and self.pos.step % val_every == 0):
                     self.validate()
                     values = " ".join(f"{k} {v:.4f}" for k, v in self.last_val.items())
                     progress.message(f"epoch {self.pos.epoch} step {self.pos.step}: val {values}")
@@ -694,13 +738,24 @@ class Trainer:
                     self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
                 if outcome := self.decide(stop.requested, epoch_done, segment_steps) or self.pruned:
                     return outcome, segment_steps
-                if epoch_done:
+                if last:
                     break
                 tick = time.perf_counter()
             else:  # batches ran out before the epoch's last step: never retry the same epoch
                 self.optimizer.zero_grad(set_to_none=True)  # no partial step into the next
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
+
+    def at_end(self) -> bool:
+        """Whether `train.max_steps` are done (the epochs end the loop by themselves)."""
+        return 0 < self.cfg.train.max_steps <= self.pos.step
+
+    def plan_note(self) -> str:
+        """The planned steps, as the start line says them."""
+        if self.steps_per_epoch is None:
+            end = f"until step {self.total_steps}" if self.total_steps else "no planned end"
+            return f"a stream ({end})"
+        return f"{self.total_steps} steps ({self.steps_per_epoch}/epoch)"
 
     def diverged(self, loss: float) -> bool:
         """Count logging windows with a NaN/inf loss; True after `train.nonfinite_patience`."""

@@ -122,8 +122,10 @@ class MetricsLog:
 class Progress:
     """A tqdm bar (terminal) or a log line every `every` steps (files)."""
 
-    def __init__(self, mode: str, total: int, initial: int, every: int, enabled: bool) -> None:
-        """`mode` is run.progress; `enabled` is False on ranks other than 0."""
+    def __init__(
+        self, mode: str, total: int | None, initial: int, every: int, enabled: bool
+    ) -> None:
+        """`mode` is run.progress; `total` None: no planned end (no ETA); `enabled`: rank 0."""
         use_bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty())
         self.every, self.enabled, self.total = every, enabled, total
         self.bar = None
@@ -142,7 +144,8 @@ class Progress:
                 self.bar.set_postfix(epoch=epoch, loss=f"{stats['loss']:.4f}", refresh=False)
         elif stats:
             print(
-                f"step {step}/{self.total} epoch {epoch} loss {stats['loss']:.4f} "
+                f"step {step}{f'/{self.total}' if self.total else ''} epoch {epoch} "
+                f"loss {stats['loss']:.4f} "
                 f"lr {stats['lr']:.2e} {stats['samples_per_s']:.0f} samples/s",
                 flush=True,
             )

@@ -1,0 +1,221 @@
+"""Batches of a stream (an `IterableDataset`): the main process's side of `data.streams`.
+
+Each pass starts a DataLoader over a `StreamFeed` (its workers know the epoch and where each
+must resume, so they live for one pass). The batches are used in turns of the workers, one
+batch each, in a fixed order that a resumed pass continues from the worker whose turn was
+next (the DataLoader itself always begins with worker 0), and the tag of each batch used is
+kept: `state()` is this process's position for a checkpoint,
+`restore` puts it back. Without a length, an epoch ends when a stream runs out: the
+processes vote before each optimizer step's group of batches (one small all-reduce on the
+host) and all stop on the same group when any one has no full group left, so no process
+waits in a collective the others never join. What is left in the longer streams of that
+epoch is skipped, as `drop_last` does for map-style data.
+"""
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from itertools import islice
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+
+from ..data.streams import StreamFeed, StreamPart, Tag, check_state
+from ..errors import DataError
+from ..task import Batch
+from . import distributed
+from .distributed import DistEnv
+from .preemption import ignore_stop_signals
+from .transfer import Collate, stop_workers, to_device
+
+
+def is_stream(dataset: object) -> bool:
+    """Whether a split is a stream (an IterableDataset, or anything without `__len__`)."""
+    return isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__")
+
+
+def _as_is(item: Any) -> Any:
+    """The feed's batches pass the loader untouched (they are collated in the worker)."""
+    return item
+
+
+def in_turns(
+    pairs: Iterator[tuple[Batch | None, Tag]], workers: int, first: int
+) -> Iterator[tuple[Batch, Tag]]:
+    """The workers' batches one each in turn, from worker `first` on, until every one is done.
+
+    Batches that arrive before their worker's turn wait (at most one round of them).
+    """
+    waiting: dict[int, deque[tuple[Batch | None, Tag]]] = {w: deque() for w in range(workers)}
+    active, turn = list(range(workers)), first
+    while active:
+        while not waiting[turn]:
+            batch, tag = next(pairs)
+            waiting[tag.worker].append((batch, tag))
+        batch, tag = waiting[turn].popleft()
+        index = active.index(turn)
+        if tag.done:
+            active.remove(turn)
+        else:
+            index += 1
+            yield batch, tag  # type: ignore[misc]
+        turn = active[index % len(active)] if active else turn
+
+
+class StreamBatches:
+    """This process's batches of a stream, by epoch, with a position a checkpoint holds.
+
+    `group`: batches per optimizer step (gradient accumulation); an epoch ends after the
+    last group that is full on every process, and `ended` says so while its last batch is used.
+    """
+
+    def __init__(
+        self,
+        stream: Dataset,
+        *,
+        batch_size: int,
+        denv: DistEnv,
+        seed: int,
+        device: torch.device,
+        num_workers: int,
+        prefetch_factor: int,
+        collate: Collate | None,
+        where: str,
+        group: int = 1,
+    ) -> None:
+        """Nothing starts before the first pass."""
+        self.stream, self.batch_size, self.denv, self.seed = stream, batch_size, denv, seed
+        self.device, self.workers, self.prefetch = device, num_workers, prefetch_factor
+        self.collate, self.where, self.group = collate, where, group
+        self.epoch, self.ended = 0, False
+        self.tags: dict[int, Tag] = {}  # per worker: the tag of its last batch used
+        self.next_worker = 0  # whose batch comes next
+        self.resume: dict[int, Mapping[str, Any]] = {}  # the saved tags, for the next pass
+        self.live: Iterator[Any] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; a new epoch starts every worker from its beginning."""
+        if epoch != self.epoch:
+            self.tags, self.next_worker, self.resume = {}, 0, {}
+        self.epoch = epoch
+
+    def state(self) -> dict[str, Any]:
+        """This process's position in the epoch: each worker's last tag and who is next."""
+        tags = {worker: tag.saved() for worker, tag in self.tags.items()}
+        check_state([tag["state"] for tag in tags.values()], f"{self.where}")
+        return {
+            "epoch": self.epoch,
+            "workers": max(1, self.workers),
+            "world": self.denv.world_size,
+            "batch_size": self.batch_size,
+            "next": self.next_worker,
+            "tags": tags,
+        }
+
+    def restore(self, saved: list[Any], run: str) -> None:
+        """Take this process's position from the checkpoint's per-process list `saved`.
+
+        The position belongs to one split of the stream: another process count, worker count
+        or batch size would read other samples, so the resume is refused in one line.
+        """
+        mine = saved[self.denv.rank] if self.denv.rank < len(saved) else None
+        if not isinstance(mine, Mapping):
+            raise DataError(
+                f"{self.where}: run {run}'s checkpoint holds no stream position (it was "
+                "trained on other data): start a new run.name"
+            )
+        now = (max(1, self.workers), self.denv.world_size, self.batch_size)
+        then = (mine["workers"], len(saved), mine["batch_size"])
+        if now != then:
+            raise DataError(
+                f"{self.where}: run {run} stopped at a stream position of {then[0]} worker(s) x "
+                f"{then[1]} process(es), batch {then[2]}; now {now[0]} x {now[1]}, batch "
+                f"{now[2]}: resume with data.num_workers={then[0]}, {then[1]} process(es) and "
+                f"train.batch_size={then[2]}, or start a new run.name"
+            )
+        self.set_epoch(mine["epoch"])
+        self.resume, self.next_worker = dict(mine["tags"]), mine["next"]
+        self.tags = {
+            w: Tag(w, t["pulled"], t["batches"], t["state"]) for w, t in mine["tags"].items()
+        }
+
+    def _loader(self, feed: StreamFeed) -> DataLoader:
+        return DataLoader(
+            feed,
+            batch_size=None,  # the feed makes the batches
+            collate_fn=_as_is,
+            num_workers=self.workers,
+            pin_memory=self.device.type == "cuda",
+            prefetch_factor=self.prefetch if self.workers > 0 else None,
+            worker_init_fn=ignore_stop_signals,
+            # Its own generator: starting a pass must not draw from the global one, or a
+            # resumed run would see other dropout masks than an uninterrupted one.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def _tagged(self, train: bool, epoch: int) -> Iterator[tuple[Batch, Tag]]:
+        """One pass's (batch, tag) pairs; a new pass ends the workers of the last one."""
+        workers = max(1, self.workers)
+        feed = StreamFeed(
+            self.stream,
+            StreamPart(self.denv.rank, self.denv.world_size, 0, workers),
+            epoch,
+            self.batch_size,
+            self.seed,
+            self.collate or default_collate,
+            self.where,
+            train=train,
+            resume=self.resume if train else {},
+            check_items=self.collate is None,
+        )
+        stop_workers(self.live)
+        self.live = iter(self._loader(feed))
+        firsts: dict[str, int] = {}
+        for batch, tag in in_turns(self.live, workers, self.next_worker if train else 0):
+            other = firsts.setdefault(tag.first, tag.worker) if tag.first else tag.worker
+            if other != tag.worker and workers > 1:
+                raise DataError(
+                    f"{self.where}: workers {other} and {tag.worker} yielded the same first "
+                    "batch: split the stream across workers with get_worker_info() or "
+                    "stream_part() (docs/bring-your-own-task.md, 'Streams')"
+                )
+            yield batch, tag
+
+    def iterate(self, start: int = 0) -> Iterator[Batch]:
+        """The epoch's batches from where `restore` (or the last pass) left off.
+
+        `start` (batches used this epoch) is the trainer's count; a stream's position is its
+        tags, so it is only checked against them.
+        """
+        if start and not self.resume:
+            raise DataError(f"{self.where}: asked to start at batch {start} without a position")
+        self.ended = False
+        source = self._tagged(train=True, epoch=self.epoch)
+        group = list(islice(source, self.group))
+        full = distributed.all_ranks(len(group) == self.group)
+        if not full and self.epoch == 0 and not self.resume:
+            raise DataError(
+                f"{self.where}: fewer than train.batch_size x train.grad_accum_steps = "
+                f"{self.batch_size * self.group} samples in the first epoch of "
+                f"process {self.denv.rank} (or another): lower them, or check the stream"
+            )
+        self.resume = {}
+        while full:
+            following = list(islice(source, self.group))
+            full = distributed.all_ranks(len(following) == self.group)
+            for i, (batch, tag) in enumerate(group):
+                self.tags[tag.worker] = tag
+                self.next_worker = (tag.worker + 1) % max(1, self.workers)
+                self.ended = not full and i == len(group) - 1
+                yield to_device(batch, self.device)
+            group = following
+
+    def passes(self) -> Iterator[Batch]:
+        """One evaluation pass: every sample of this process's part once, the last batch short."""
+        for batch, _ in self._tagged(train=False, epoch=-1):
+            yield to_device(batch, self.device)
+
+    def close(self) -> None:
+        """Shut the current pass's workers down now (see `batches.stop_workers`)."""
+        stop_workers(self.live)
+        self.live = None

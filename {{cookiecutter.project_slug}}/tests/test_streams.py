@@ -1,0 +1,197 @@
+"""Streams as train splits: positions per worker and process, exact resume, clear refusals."""
+
+import importlib.util
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import assert_identical, final_weights, pkg, run_cli
+from toy_tasks.streams import Counted, Generated
+
+streams = pkg("data.streams")
+turns = pkg("engine.stream_batches").in_turns
+
+# Two workers, batches of 16, a constant schedule (a stream has no planned end).
+COMMON = [
+    "run.progress=log",
+    "run.figures=false",
+    "data.verify_raw=false",
+    "run.log_every_steps=5",
+    "task.name=toy_tasks.streams",
+    "data.num_workers=2",
+    "train.batch_size=16",
+    "train.schedule=constant",
+    "train.epochs=2",
+]
+HAS_DATASETS = importlib.util.find_spec("datasets") is not None
+
+
+def one_line(out) -> str:
+    return (out.stdout + out.stderr).strip().splitlines()[-1]
+
+
+def feed(stream, *, rank: int = 0, world: int = 1, resume=None) -> object:
+    part = streams.StreamPart(rank, world, 0, 1)
+    return streams.StreamFeed(
+        stream, part, 0, 4, 0, torch.utils.data.default_collate, "test", resume=resume or {}
+    )
+
+
+def batches_of(pairs) -> list[torch.Tensor]:
+    return [batch[0] for batch, tag in pairs if not tag.done]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    world=st.integers(1, 3),
+    stop=st.integers(0, 12),
+    kind=st.sampled_from(["counted", "generated", "buffered"]),
+    buffer=st.integers(1, 20),
+)
+def test_a_feed_resumed_from_any_tag_goes_on_as_if_never_stopped(
+    world: int, stop: int, kind: str, buffer: int
+) -> None:
+    """Counting and skipping (no state) and a saved state (with a buffer) give the same rest."""
+
+    def stream() -> object:
+        return {
+            "counted": lambda: Counted(97),
+            "generated": lambda: Generated(97, split=False),
+            "buffered": lambda: streams.ShuffleBuffer(Counted(97), buffer, seed=3),
+        }[kind]()
+
+    for rank in range(world):
+        whole = list(feed(stream(), rank=rank, world=world))
+        cut = list(islice(feed(stream(), rank=rank, world=world), stop))
+        if not cut or cut[-1][1].done:
+            continue
+        rest = feed(stream(), rank=rank, world=world, resume={0: cut[-1][1].saved()})
+        expected, got = batches_of(whole[len(cut) :]), batches_of(rest)
+        assert len(expected) == len(got)
+        for a, b in zip(expected, got, strict=True):
+            assert torch.equal(a, b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(1, 40), stop=st.integers(0, 60), n=st.integers(0, 50))
+def test_a_shuffle_buffer_resumes_with_its_contents(size: int, stop: int, n: int) -> None:
+    whole = list(streams.ShuffleBuffer(range(n), size, seed=1))
+    assert sorted(whole) == list(range(n))  # every sample once
+    first = streams.ShuffleBuffer(range(n), size, seed=1)
+    head = list(islice(iter(first), stop))
+    again = streams.ShuffleBuffer(range(n), size, seed=1)
+    again.load_state_dict(first.state_dict())
+    assert head + list(again) == whole
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=4), stop=st.integers(0, 20))
+def test_turns_resume_from_the_next_worker(lengths: list[int], stop: int) -> None:
+    """Workers of unequal lengths: a pass begun at the saved next worker goes on in order."""
+    tag = pkg("data.streams").Tag
+
+    def loader(skips: dict[int, int]) -> list:
+        # What a DataLoader delivers: worker 0, 1, ... in turn, the done ones dropping out.
+        queues = [
+            [(f"{w}:{i}", tag(w, i + 1, i + 1)) for i in range(skips.get(w, 0), n)]
+            + [(None, tag(w, n, n, done=True))]
+            for w, n in enumerate(lengths)
+        ]
+        out = []
+        while any(queues):
+            out += [q.pop(0) for q in queues if q]
+        return out
+
+    whole = list(turns(iter(loader({})), len(lengths), 0))
+    assert sorted(b for b, _ in whole) == sorted(
+        f"{w}:{i}" for w, n in enumerate(lengths) for i in range(n)
+    )
+    head = whole[:stop]
+    done = {t.worker: t.pulled for _, t in head}
+    following = (head[-1][1].worker + 1) % len(lengths) if head else 0
+    rest = list(turns(iter(loader(done)), len(lengths), following))
+    assert [b for b, _ in head + rest] == [b for b, _ in whole]
+
+
+def test_a_state_a_checkpoint_cannot_load_is_one_line() -> None:
+    with pytest.raises(pkg("errors").DataError, match=r"numpy.ndarray at state\[0\]\['buf'\]"):
+        import numpy as np  # noqa: PLC0415
+
+        streams.check_state([{"buf": np.zeros(3)}], "task t: train stream")
+
+
+def train(project: Path, *args: str, torchrun: int = 0):
+    return run_cli("train", *COMMON, *args, project=project, torchrun=torchrun)
+
+
+def stop_and_resume(project: Path, *args: str, torchrun: int = 0, steps: int = 7) -> None:
+    """A whole run and a run cut mid-epoch then resumed end on the same weights."""
+    whole = train(project, "run.name=whole", *args, torchrun=torchrun)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    cut = train(
+        project, "run.name=cut", f"run.max_steps_this_segment={steps}", *args, torchrun=torchrun
+    )
+    assert cut.returncode == 0 and "segment done" in cut.stdout, cut.stdout + cut.stderr
+    rest = train(project, "run.name=cut", *args, torchrun=torchrun)
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert f"resumed from step {steps}" in rest.stdout
+    assert "a stream (no planned end)" in whole.stdout
+    assert_identical(
+        final_weights(project / "runs" / "whole"), final_weights(project / "runs" / "cut")
+    )
+
+
+@pytest.mark.parametrize("kind", ["plain", "stateful"])
+def test_a_stream_with_two_workers_resumes_exactly(project: Path, kind: str) -> None:
+    stop_and_resume(project, f"task.kind={kind}")
+    metrics = (project / "runs" / "whole" / "metrics.csv").read_text()
+    assert ",val," in metrics  # validated at each epoch's end, on a stream too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "stateful"])
+def test_a_stream_on_two_processes_resumes_exactly(project: Path, kind: str) -> None:
+    stop_and_resume(project, f"task.kind={kind}", "train.grad_accum_steps=2", torchrun=2, steps=5)
+
+
+@pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled-replay", "own-state"])
+def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> None:
+    options = ["task.kind=hf", f"task.shuffle={str(shuffle).lower()}"]
+    prepared = run_cli("prepare", *COMMON, *options, project=project)
+    assert prepared.returncode == 0, prepared.stderr
+    stop_and_resume(project, *options)
+
+
+def test_resume_with_another_worker_count_is_refused_naming_both(project: Path) -> None:
+    assert train(project, "run.name=w", "run.max_steps_this_segment=3").returncode == 0
+    out = train(project, "run.name=w", "data.num_workers=1")
+    assert out.returncode == 1
+    assert "stream position of 2 worker(s) x 1 process(es)" in one_line(out)
+    assert "now 1 x 1" in one_line(out) and "data.num_workers=2" in one_line(out)
+
+
+def test_workers_that_yield_the_same_samples_are_refused(project: Path) -> None:
+    out = train(project, "run.name=dup", "task.kind=unsplit")
+    assert out.returncode == 1
+    assert "workers 0 and 1 yielded the same first batch" in one_line(out)
+
+
+def test_a_stream_that_raises_ends_the_run_with_its_traceback(project: Path) -> None:
+    out = train(project, "run.name=bad", "task.kind=raise")
+    assert out.returncode == 1
+    assert "sensor 50 is unreadable" in out.stdout + out.stderr
+    assert "toy_tasks/streams.py" in out.stdout + out.stderr  # where the task raised
+
+
+def test_cosine_without_an_end_is_refused(project: Path) -> None:
+    out = train(project, "run.name=cos", "train.schedule=cosine")
+    assert out.returncode == 2
+    assert "train.max_steps" in one_line(out)
+    ended = train(project, "run.name=ends", "train.schedule=cosine", "train.max_steps=9")
+    assert ended.returncode == 0 and "until step 9" in ended.stdout
+    assert '"step": 9' in (project / "runs" / "ends" / "summary.json").read_text()
