@@ -116,6 +116,7 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 EXAMPLE_RAW = {
     "digits": DIGITS,
     "images": DIGITS,
+    "stream": DIGITS,
     "regression": DIGITS,
     "lm": CORPUS,
     "hub_lm": CORPUS,

@@ -1,7 +1,7 @@
 """The task seam: shipped tasks end to end, fine-tuning hooks, and one line for every misuse.
 
-The shipped example tasks (digits, regression, images, lm) are checked while they are part of the
-project; everything else uses the test task `toy_tasks.blobs`, which makes its own data.
+The shipped example tasks (digits, regression, images, stream, lm) are checked while they are
+part of the project; everything else uses the test task `toy_tasks.blobs`, which makes its own data.
 """
 
 import csv
@@ -46,6 +46,15 @@ SHIPPED = {
         # AUROC: a metric over every output of the split, with the metrics extra (torchmetrics)
         *(["task.auroc=true"] if importlib.util.find_spec("torchmetrics") else []),
     ],
+    # Tar shards streamed through a shuffle buffer; two workers, so the stop at step 7 leaves
+    # positions in both.
+    "stream": [
+        "train.epochs=2",
+        "model.hidden=32",
+        "data.num_workers=2",
+        "task.buffer=64",
+        "train.schedule=constant",  # as its config file says: a stream has no planned end
+    ],
     "lm": [
         "train.epochs=1",
         "task.context=16",
@@ -60,7 +69,7 @@ SHIPPED = {
 }
 # Test samples of each task: 10 % of the 1797 digits; the language model's are windows of 17
 # tokens in the last 10 % of the text it fine-tunes on (574 tokens).
-TEST_SAMPLES = {"digits": 180, "regression": 180, "images": 180, "lm": 33}
+TEST_SAMPLES = {"digits": 180, "regression": 180, "images": 180, "stream": 180, "lm": 33}
 
 
 def weights(project: Path, run: str) -> dict[str, torch.Tensor]:

@@ -146,6 +146,11 @@ def in_lockstep(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         yield last, raw is not None
 
 
+def stream_samples(sums: dict[str, torch.Tensor]) -> int | None:
+    """A stream's samples scored, from the `count` sum the ready-made kinds keep (else None)."""
+    return int(sums["count"].item()) if "count" in sums else None
+
+
 def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     """The configuration and latest checkpoint of a finished or stopped run."""
     state = checkpoint.load_latest(run_dir / "checkpoints")
@@ -188,7 +193,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
         "task": cfg.task.name,
         "step": step,
         "split": "test",
-        "samples": None if is_stream(datasets.test) else size(datasets.test),
+        "samples": stream_samples(sums) if is_stream(datasets.test) else size(datasets.test),
         **task.summarize(sums),
     }
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
