@@ -470,23 +470,3 @@ def test_summary_json_has_the_task_metrics(project: Path) -> None:
     trainer.train(task.cfg, task)
     summary = json.loads((project / "runs" / "sj" / "summary.json").read_text())
     assert {"val_loss", "val_accuracy"} <= summary.keys()
-
-
-def test_a_stream_packed_by_prepare_resumes_exactly(project: Path) -> None:
-    """The packing recipe of 'Streams' works as printed (tests/toy_tasks/stream.py)."""
-    load = pkg("task")
-
-    def stream(*overrides: str):
-        common = [*FAST, "task.name=toy_tasks.stream", "data.in_memory=no", "data.num_workers=2"]
-        cfg = load.load_config(None, [*common, "train.epochs=2", "train.batch_size=32", *overrides])
-        return load.load_task(cfg, pkg("settings").get_settings())
-
-    assert "readings packed into shards" in pkg("data.processed").prepare(stream())
-    whole = stream("run.name=whole")
-    trainer.train(whole.cfg, whole)
-    cut = stream("run.name=cut", "run.max_steps_this_segment=5")  # mid-epoch, workers running
-    assert trainer.train(cut.cfg, cut).exit_code == 0
-    resumed = stream("run.name=cut")
-    trainer.train(resumed.cfg, resumed)
-    runs = project / "runs"
-    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))

@@ -106,11 +106,8 @@ def check_same_data(
     `files`: the checkpoint's and today's `data_files`, to name what changed.
     """
     then, current = files or (None, {})
-    changed = (
-        sorted(k for k in then.keys() | current.keys() if then.get(k) != current.get(k))
-        if then
-        else []
-    )
+    names = then.keys() | current.keys() if then is not None else set()  # None: not recorded
+    changed = sorted(k for k in names if then.get(k) != current.get(k))  # type: ignore[union-attr]
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         name = changed[0]

@@ -1,0 +1,219 @@
+"""Streams: tar shards against raw bytes, the stream loader against a plain DataLoader, resume.
+
+Three figures, each side by side in one run (alternating order, best of `--rounds`):
+
+1. `tar/raw`: the `stream` example's way of reading, WebDataset-style tar shards through
+   `TarShards` (the standard library's tarfile), each sample decoded into a tensor, fed by the
+   project's stream loader, against a plain DataLoader whose workers read the same files'
+   bytes whole and cut them into as many pieces as there are samples, with no parsing and no
+   decoding. Same disk, same workers, same batch size.
+2. `loader/plain`: the project's stream loader (`engine.stream_batches.StreamBatches`, which
+   seeds each batch and tags it with its worker's position) against a plain DataLoader over
+   the same `IterableDataset`.
+3. `resume/epoch`: a stream with no state of its own, stopped after `--consumed` samples: the
+   start-up of the resumed pass (every worker pulls and throws away what it had used) as a
+   ratio to one epoch of the same stream.
+
+Runs with the package and its runtime dependencies alone (no test tools). The last lines:
+
+    tar/raw: <ratio>  loader/plain: <ratio>  resume/epoch: <ratio> (<consumed> samples)
+
+Usage: python benchmarks/bench_stream.py [--workers 2] [--rounds 3] [--dir /path]
+"""
+
+import argparse
+import importlib
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
+
+
+def pkg(module: str) -> ModuleType:
+    """A module of the project's package, e.g. pkg("data.tars")."""
+    return importlib.import_module(f"{PACKAGE}.{module}")
+
+
+tars, streams, feeding = pkg("data.tars"), pkg("data.streams"), pkg("engine.stream_batches")
+DistEnv = pkg("engine.distributed").DistEnv
+SAMPLE_BYTES = 3 * 32 * 32  # a small colour image
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--per-shard", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--consumed", type=int, default=1_000_000)
+    parser.add_argument("--dir", type=Path, default=None, help="disk to test (default: /tmp)")
+    return parser.parse_args()
+
+
+def decode(sample: dict[str, bytes]) -> tuple[torch.Tensor, int]:
+    pixels = torch.frombuffer(bytearray(sample["pixels"]), dtype=torch.uint8)
+    return pixels.reshape(3, 32, 32), int(sample["cls"])
+
+
+def write(folder: Path, shards: int, per_shard: int) -> list[Path]:
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, 256, (per_shard, SAMPLE_BYTES), dtype=torch.uint8, generator=g)
+    samples = (
+        {
+            "__key__": f"{i:08d}",
+            "pixels": noise[i % per_shard].numpy().tobytes(),
+            "cls": b"%d" % (i % 10),
+        }
+        for i in range(shards * per_shard)
+    )
+    return tars.write_tar_shards(samples, folder, "train", per_shard)
+
+
+class RawShards(IterableDataset):
+    """Each worker's files read whole, cut into one piece per sample: bytes only."""
+
+    def __init__(self, files: list[Path], per_shard: int) -> None:
+        self.files, self.per_shard = files, per_shard
+
+    def __iter__(self) -> Iterator[bytes]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for path in self.files[worker::workers]:
+            data = path.read_bytes()
+            step = len(data) // self.per_shard
+            for i in range(self.per_shard):
+                yield data[i * step : (i + 1) * step]
+
+
+class Readings(IterableDataset):
+    """`n` small samples made in memory (a simulation's output), split across workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.table = torch.randn(4096, 32, generator=torch.Generator().manual_seed(1))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(worker, self.n, workers):
+            yield self.table[i % 4096], i % 10
+
+
+def plain(dataset: IterableDataset, args: argparse.Namespace, collate: Any = None) -> float:
+    """Samples per second of a plain DataLoader over `dataset`."""
+    loader = DataLoader(
+        dataset, batch_size=args.batch, num_workers=args.workers, collate_fn=collate
+    )
+    start, seen = time.perf_counter(), 0
+    for batch in loader:
+        seen += len(batch) if isinstance(batch, list) and collate else len(batch[0])
+    return seen / (time.perf_counter() - start)
+
+
+def project(dataset: IterableDataset, args: argparse.Namespace) -> float:
+    """Samples per second of the project's stream loader over `dataset`."""
+    batches = make(dataset, args)
+    start, seen = time.perf_counter(), 0
+    for batch in batches.iterate():
+        seen += len(batch[0])
+    batches.close()
+    return seen / (time.perf_counter() - start)
+
+
+def make(dataset: IterableDataset, args: argparse.Namespace) -> Any:
+    return feeding.StreamBatches(
+        dataset,
+        batch_size=args.batch,
+        denv=DistEnv(),
+        seed=0,
+        device=torch.device("cpu"),
+        num_workers=args.workers,
+        prefetch_factor=2,
+        collate=None,
+        where="bench",
+    )
+
+
+def resume_startup(args: argparse.Namespace) -> tuple[float, float]:
+    """Seconds to the first batch of a pass resumed after `consumed` samples, and of an epoch."""
+    epoch = args.consumed * 2  # the stop came halfway through
+    batches = make(Readings(epoch), args)
+    start = time.perf_counter()
+    for _ in batches.iterate():
+        pass
+    epoch_s = time.perf_counter() - start
+    workers = max(1, args.workers)
+    per_worker = args.consumed // workers // args.batch * args.batch
+    tags = {
+        w: {"pulled": per_worker, "batches": per_worker // args.batch, "state": None}
+        for w in range(workers)
+    }
+    saved = {
+        "epoch": 0,
+        "workers": workers,
+        "world": 1,
+        "batch_size": args.batch,
+        "next": 0,
+        "tags": tags,
+    }
+    resumed = make(Readings(epoch), args)
+    resumed.restore([saved], "bench")
+    start = time.perf_counter()
+    next(resumed.iterate(start=1))
+    startup_s = time.perf_counter() - start
+    resumed.close()
+    batches.close()
+    return startup_s, epoch_s
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        files = write(Path(tmp), args.shards, args.per_shard)
+        size = sum(f.stat().st_size for f in files)
+        n = args.shards * args.per_shard
+        print(
+            f"{n} samples of {SAMPLE_BYTES} bytes in {len(files)} tar shards "
+            f"({size / 2**20:.0f} MiB, page cache warm), {args.workers} workers, batch {args.batch}"
+        )
+        best: dict[str, float] = {}
+        sides = {
+            "raw": lambda: plain(RawShards(files, args.per_shard), args, collate=list),
+            "tar": lambda: project(tars.TarShards(files, decode), args),
+            "plain": lambda: plain(Readings(n), args),
+            "loader": lambda: project(Readings(n), args),
+        }
+        for round_ in range(args.rounds):
+            for pair in (("raw", "tar"), ("plain", "loader")):
+                for name in pair if round_ % 2 == 0 else pair[::-1]:
+                    speed = sides[name]()
+                    best[name] = max(best.get(name, 0.0), speed)
+                    print(f"round {round_} {name:6} {speed:10.0f} samples/s", flush=True)
+    startup_s, epoch_s = resume_startup(args)
+    print(
+        f"resume after {args.consumed} samples: {startup_s:.2f} s to the first batch; "
+        f"an epoch of {2 * args.consumed}: {epoch_s:.2f} s"
+    )
+    ratios = {
+        "tar/raw": best["tar"] / best["raw"],
+        "loader/plain": best["loader"] / best["plain"],
+        "resume/epoch": startup_s / epoch_s,
+    }
+    print("  ".join(f"{k}: {v:.2f}" for k, v in ratios.items()) + f" ({args.consumed} samples)")
+
+
+if __name__ == "__main__":
+    main()
