@@ -444,6 +444,29 @@ def test_time_limit_signal_requeues_and_resumes_identically(
     assert same_weights(project.final_weights("timelimit"), reference)
 
 
+def test_tar_stream_example_requeues_and_resumes_identically(
+    project: JobProject, tmp_path: Path
+) -> None:
+    """The `stream` example: tar shards staged to the node's disk, two workers, a requeue."""
+    args = ("task.name=stream", "train.epochs=3", "run.figures=false", "data.num_workers=2")
+    project.cli("prepare", "task.name=stream")
+    node_disk = {"LOCAL_TMPDIR": str(tmp_path)}  # the preset's node-local disk variable
+    whole = project.sbatch("slurm/train.sbatch", *args, "run.name=tar-whole", **node_disk)
+    assert project.finished(whole)["JobState"] == "COMPLETED", project.log(f"{project.slug}-{whole}")
+    job = project.sbatch("slurm/train.sbatch", *args, "run.name=tar-cut", **SLOW, **node_disk)
+    name = f"{project.slug}-{job}"
+    project.wait_for("first checkpoint", lambda: project.checkpoints("tar-cut"), job)
+    project.cluster.run("scancel", "--signal=USR1", "--batch", job)
+    _wait_resumed(project, job)
+    info = project.finished(job)
+    log = project.log(name)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
+    assert f"staged {project.path / 'data' / 'processed' / 'stream'} -> {tmp_path}" in log
+    assert "a stream (no planned end)" in log
+    assert resumed_step(log) > 0
+    assert same_weights(project.final_weights("tar-cut"), project.final_weights("tar-whole"))
+
+
 def test_limit_too_short_to_train_stops_without_requeue(project: JobProject) -> None:
     # Two minutes leave at most 60 s before a stop signal 60 s ahead of the limit: less than
     # the 120 s a segment needs, so the job ends at once instead of requeueing every minute.

@@ -10,6 +10,7 @@ metrics, and the same initial weights on every process.
 """
 
 import dataclasses
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -66,15 +67,23 @@ def task(request: pytest.FixtureRequest, elsewhere: Path, monkeypatch: pytest.Mo
     return configured(request.param, elsewhere)
 
 
-def batch_of(task, dataset: torch.utils.data.Dataset, indices: range) -> object:
-    return task.collate([dataset[i] for i in indices])
+def first(dataset: torch.utils.data.Dataset, n: int) -> list:
+    """The first `n` samples (or fewer): by index, or from a stream by iterating it."""
+    if batches.is_stream(dataset):
+        return list(islice(iter(dataset), n))  # type: ignore[call-overload]
+    return [dataset[i] for i in range(min(n, batches.size(dataset)))]
 
 
 def test_samples_can_be_batched(task) -> None:
     sets = task.datasets(task.processed_dir)
     for split in ("train", "val", "test"):
         where = f"task {task.name}: {split} data set"
-        batches.check_first_sample(sets.get(split), where, task_mod.own_collate(task))
+        dataset, collate = sets.get(split), task_mod.own_collate(task)
+        batches.check_first_sample(dataset, where, collate)
+        if batches.is_stream(dataset):  # read here; training checks it in the worker
+            samples = first(dataset, 2)
+            assert samples, f"{where}: the stream yields no sample"
+            (collate or torch.utils.data.default_collate)(samples)
 
 
 def evaluated(task, model, batch) -> tuple[dict, dict]:
@@ -86,18 +95,18 @@ def evaluated(task, model, batch) -> tuple[dict, dict]:
 
 
 def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
-    sets = task.datasets(task.processed_dir)
-    n = min(8, batches.size(sets.val))
+    samples = first(task.datasets(task.processed_dir).val, 8)
+    n = len(samples)
     torch.manual_seed(0)
     model = task.build_model().eval()
     with torch.no_grad():
-        loss = task.loss(model, batch_of(task, sets.val, range(n)))
+        loss = task.loss(model, task.collate(samples))
         task.take_records()
-        whole, kept = evaluated(task, model, batch_of(task, sets.val, range(n)))
+        whole, kept = evaluated(task, model, task.collate(samples))
         halves, kept_halves = zip(
             *(
-                evaluated(task, model, batch_of(task, sets.val, r))
-                for r in (range(n // 2), range(n // 2, n))
+                evaluated(task, model, task.collate(part))
+                for part in (samples[: n // 2], samples[n // 2 :])
             ),
             strict=True,
         )

@@ -79,6 +79,7 @@ class Options:
     n: int = 600
     buffer: int = 32  # the shuffle buffer of "stateful" and "hf"
     shuffle: bool = True  # "hf": through a shuffle buffer (replay) or not (its own state)
+    external: bool = False  # "hf": read the parquet files from DATA_DIR/external/streams
 
 
 class Streams(api.Classification):
@@ -102,7 +103,8 @@ class Streams(api.Classification):
         if o.kind == "stateful":
             train = api.ShuffleBuffer(Counted(o.n), o.buffer, seed=self.cfg.run.seed)
         elif o.kind == "hf":
-            files = sorted(data_dir.glob("train-*.parquet"))
+            folder = self.settings.data_dir / "external" / "streams" if o.external else data_dir
+            files = sorted(folder.glob("train-*.parquet"))
             buffer = o.buffer if o.shuffle else 0
             train = api.hf_stream(files, shuffle_buffer=buffer, seed=1, transform=from_row)
         else:

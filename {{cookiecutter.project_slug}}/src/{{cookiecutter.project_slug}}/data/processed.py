@@ -74,17 +74,27 @@ def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, s
     A stream's own files (a `source_files()` list, e.g. parquet files in data/external) are
     hashed once and then cached by file metadata, as the raw data's are, so a later start
     reads none of their bytes to check them. Names are relative to DATA_DIR where they can be.
+    Processed files (in place, or a staged copy on node-local disk, wherever it lies) are
+    named by their `SHA256SUMS` entries already.
     """
     files = {f"processed/{folder.name}/{name}": sha for name, sha in read_digests(folder).items()}
     if not sources:
         return files
     cache = HashCache(data_dir / ".stream-sources.sha256-cache.json", Path("/"))
-    for path in sorted(Path(p).resolve() for p in sources):
+    for path in sorted(Path(p).resolve() for p in sources if not _processed(Path(p), folder)):
         st, rel = path.stat(), path.relative_to("/").as_posix()
         files[_short(path, data_dir)] = sha = cache.get(rel, st) or file_digest(path)
         cache.put(rel, st, sha)
     cache.save()
     return files
+
+
+def _processed(path: Path, folder: Path) -> bool:
+    """Whether `path` is a file of `folder` or of its verified staged copy, in its SHA256SUMS."""
+    for parent in path.resolve().parents:
+        if parent == folder.resolve() or (parent / VERIFIED).is_file():
+            return path.resolve().relative_to(parent).as_posix() in read_digests(parent)
+    return False
 
 
 def _short(path: Path, data_dir: Path) -> str:

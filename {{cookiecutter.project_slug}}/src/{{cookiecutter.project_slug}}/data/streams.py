@@ -226,6 +226,7 @@ class ShuffleBuffer(IterableDataset):
             raise DataError(f"ShuffleBuffer: size must be at least 1, got {size}")
         self.stream, self.size, self.seed, self.epoch = stream, size, seed, 0
         self._pending: Mapping[str, Any] | None = None
+        self._started = False  # no position before the first sample is asked for
         self._buffer: list[Any] = []
         self._rng = torch.Generator()
         self._pulled = 0
@@ -236,18 +237,24 @@ class ShuffleBuffer(IterableDataset):
         if callable(setter := getattr(self.stream, "set_epoch", None)):
             setter(epoch)
 
+    def source_files(self) -> list[Any]:
+        """The inner stream's files, where it names them (for the data digest)."""
+        return list(getattr(self.stream, "source_files", list)())
+
     def state_dict(self) -> dict[str, Any]:
-        """The buffer's samples, the generator and the inner stream's position."""
+        """The buffer's samples, the generator and the inner stream's position ({}: the start)."""
+        if not self._started:
+            return dict(self._pending or {})
         inner = self.stream.state_dict() if stateful(self.stream) else self._pulled  # type: ignore[attr-defined]
         return {"buffer": list(self._buffer), "rng": self._rng.get_state(), "inner": inner}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state` at the next `iter`."""
-        self._pending = state
+        self._pending = state or None
 
     def __iter__(self) -> Iterator[Any]:
         """Samples in buffer order; the rest of the buffer, drawn at random, at the end."""
-        pending, self._pending = self._pending, None
+        pending, self._pending, self._started = self._pending, None, True
         part = current_part()
         self._rng.manual_seed(batch_seed(self.seed, self.epoch, part.index))
         self._buffer, self._pulled = [], 0
