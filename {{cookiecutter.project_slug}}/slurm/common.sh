@@ -68,16 +68,17 @@ env_or_dotenv() {
     printf '%s' "$value"
 }
 
-# Caches of the compiler and of model downloads, placed on purpose (the reasons are in
-# .env.example): a value from the environment or .env wins over these defaults.
+# Caches of the compiler, placed on purpose (the reasons are in .env.example): a value from
+# the environment or .env wins over these defaults.
 set_caches() {
     local tmp=${!NODE_TMP_VAR:-${TMPDIR:-/tmp}} name value
     local -A defaults=(
         [TORCHINDUCTOR_CACHE_DIR]="$tmp/torchinductor"  # many small files: node-local disk
         [TRITON_CACHE_DIR]="$tmp/triton"                # likewise; default ~/.triton fills $HOME
-        [HF_HOME]="$PWD/.cache/huggingface"             # large downloads: project, not $HOME
-        [TORCH_HOME]="$PWD/.cache/torch"
     )
+    # HF_HOME, HF_DATASETS_CACHE and TORCH_HOME (large downloads) are placed by the package
+    # itself (settings.py: below DATA_DIR unless .env says otherwise), the same in a job as on
+    # the login node that downloaded them.
     for name in "${!defaults[@]}"; do
         value=$(env_or_dotenv "$name")
         export "$name=${value:-${defaults[$name]}}"

@@ -89,7 +89,9 @@ def blobs(*overrides: str, **options: object):
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project root (data/, runs/, reports/ are created below it on demand)."""
-    for var in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "LOCAL_TMPDIR"):
+    # The library caches too: settings.py places them below the DATA_DIR of the first project.
+    caches = pkg("settings").CACHE_VARS
+    for var in ("DATA_DIR", "RUNS_DIR", "RUN_NAME", "LOCAL_TMPDIR", *caches):
         monkeypatch.delenv(var, raising=False)
     for var in list(os.environ):
         if var.startswith("SLURM_"):

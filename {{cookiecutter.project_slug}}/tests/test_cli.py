@@ -61,6 +61,29 @@ def test_doctor_flags_a_gpu_job_without_a_visible_gpu(
     assert any("exceeds" in w for w in warnings)
 
 
+def test_doctor_names_a_library_cache_in_the_home_directory(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = project / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for var in pkg("settings").CACHE_VARS:
+        monkeypatch.setenv(var, "")  # unset for get_settings; undone after the test
+    monkeypatch.setenv("HF_HOME", "~/.cache/huggingface")  # the libraries' own default
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(home / ".cache" / "huggingface" / "datasets"))
+    cfg = pkg("task").load_config(None, [])
+    warnings = pkg("ops.doctor").run_doctor(cfg, pkg("settings").get_settings(), quick=True)
+    in_home = [w for w in warnings if "home directory" in w]
+    hf_home = home / ".cache" / "huggingface"
+    fix = "set HF_HOME in .env to project or scratch storage (see .env.example)"
+    # Named once: the hub and datasets caches below it are not named again.
+    assert in_home == [
+        f"HF_HOME={hf_home} is in the home directory (small quota, backed up): {fix}"
+    ]
+    out = capsys.readouterr().out
+    assert f"cache    TORCH_HOME={project / 'data' / '.cache' / 'torch'}\n" in out  # default
+    assert f"warning: HF_HOME={hf_home} is in the home directory" in out
+
+
 def test_prepare_train_evaluate_from_the_command_line(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -180,3 +180,53 @@ def test_dotenv_sets_paths_but_real_variables_win(project: Path) -> None:
 
     assert paths({}) == [str(project / "elsewhere" / "runs"), "/abs/data"]
     assert paths({"RUNS_DIR": "/from/env"})[0] == "/from/env"
+
+
+def test_library_caches_default_below_data_dir_and_set_values_win(project: Path) -> None:
+    (project / ".env").write_text("DATA_DIR=store\nHF_DATASETS_CACHE=/from/dotenv/datasets\n")
+    names = pkg("settings").CACHE_VARS
+    code = (
+        f"import os, torch; from {PACKAGE}.settings import get_settings; get_settings(); "
+        f"print(*(os.environ[name] for name in {names!r}), torch.hub.get_dir())"
+    )
+
+    def caches(extra: dict[str, str]) -> dict[str, str]:
+        env = cli_env(project, extra)
+        for var in (*names, "DATA_DIR", "XDG_CACHE_HOME"):
+            if var not in extra:
+                env.pop(var, None)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        return dict(zip((*names, "torch.hub"), out.stdout.split(), strict=True))
+
+    cache = project / "store" / ".cache"  # unset: below DATA_DIR; a .env entry wins
+    assert caches({}) == {
+        "HF_HOME": str(cache / "huggingface"),
+        "HF_HUB_CACHE": str(cache / "huggingface" / "hub"),
+        "HF_DATASETS_CACHE": "/from/dotenv/datasets",
+        "TORCH_HOME": str(cache / "torch"),
+        "torch.hub": str(cache / "torch" / "hub"),  # what torch itself then uses
+    }
+    # A real variable wins over .env and the default; relative is from the project root.
+    got = caches({"HF_HOME": "/env/hf", "HF_DATASETS_CACHE": "/env/ds", "TORCH_HOME": "models"})
+    assert got["HF_HOME"] == "/env/hf"
+    assert got["HF_HUB_CACHE"] == "/env/hf/hub"  # follows the HF_HOME in effect
+    assert got["HF_DATASETS_CACHE"] == "/env/ds"
+    assert got["TORCH_HOME"] == str(project / "models")
+    assert got["torch.hub"] == str(project / "models" / "hub")
+
+
+def test_library_caches_name_the_libraries_own_default_when_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = pkg("settings")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in (*settings.CACHE_VARS, "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    caches = settings.library_caches()
+    assert caches["HF_HOME"] == tmp_path / ".cache" / "huggingface"
+    assert caches["HF_DATASETS_CACHE"] == tmp_path / ".cache" / "huggingface" / "datasets"
+    assert caches["TORCH_HOME"] == tmp_path / ".cache" / "torch"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert settings.library_caches()["TORCH_HOME"] == tmp_path / "xdg" / "torch"

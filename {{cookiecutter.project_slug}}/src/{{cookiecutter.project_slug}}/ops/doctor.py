@@ -13,7 +13,7 @@ import torch
 from ..config import Config
 from ..engine.distributed import resolve_env
 from ..engine.runtime import cpus_available, default_workers
-from ..settings import Settings
+from ..settings import Settings, library_caches
 from . import packing
 from .plan import read_cluster
 
@@ -149,6 +149,23 @@ def _workers_and_storage(cfg: Config, settings: Settings, warnings: list[str]) -
         )
 
 
+def _caches(warnings: list[str]) -> None:
+    """Where the Hugging Face and torch.hub caches are; warn about one in the home directory."""
+    home = Path.home().resolve()
+    warned: list[Path] = []
+    for name, path in library_caches().items():
+        print(f"cache    {name}={path}")
+        real = path.resolve()
+        if home.parent == home or any(real == w or w in real.parents for w in warned):
+            continue  # home is "/" (some containers), or inside a cache already named
+        if real == home or home in real.parents:
+            warned.append(real)
+            warnings.append(
+                f"{name}={path} is in the home directory (small quota, backed up): set "
+                f"{name} in .env to project or scratch storage (see .env.example)"
+            )
+
+
 def _packing(settings: Settings, cuda: bool) -> None:
     """Whether small runs should share a GPU (slurm/pack.sbatch), from the runs' summaries."""
     if cuda:
@@ -167,6 +184,7 @@ def run_doctor(cfg: Config, settings: Settings, quick: bool = False) -> list[str
     _software_and_gpus(cuda)
     _slurm(cfg, cuda, warnings)
     _workers_and_storage(cfg, settings, warnings)
+    _caches(warnings)
     _packing(settings, cuda)
     if not quick:
         device = torch.device("cuda" if cuda else "cpu")
