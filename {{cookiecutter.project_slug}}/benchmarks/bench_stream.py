@@ -47,7 +47,6 @@ def pkg(module: str) -> ModuleType:
 
 tars, streams, feeding = pkg("data.tars"), pkg("data.streams"), pkg("engine.stream_batches")
 DistEnv = pkg("engine.distributed").DistEnv
-SAMPLE_BYTES = 3 * 32 * 32  # a small colour image
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,6 +55,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--per-shard", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)
+    # 3 KB: a 32 x 32 colour image; 48 KB: 128 x 128. Per-sample work in Python weighs on the
+    # small ones, the bytes on the large ones.
+    parser.add_argument("--sample-kb", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--consumed", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=None, help="disk to test (default: /tmp)")
@@ -64,16 +66,16 @@ def parse_args() -> argparse.Namespace:
 
 def decode(sample: dict[str, bytes]) -> tuple[torch.Tensor, int]:
     pixels = torch.frombuffer(bytearray(sample["pixels"]), dtype=torch.uint8)
-    return pixels.reshape(3, 32, 32), int(sample["cls"])
+    return pixels.reshape(3, -1), int(sample["cls"])
 
 
-def write(folder: Path, shards: int, per_shard: int) -> list[Path]:
+def write(folder: Path, shards: int, per_shard: int, sample_bytes: int) -> list[Path]:
     g = torch.Generator().manual_seed(0)
-    noise = torch.randint(0, 256, (per_shard, SAMPLE_BYTES), dtype=torch.uint8, generator=g)
+    noise = torch.randint(0, 256, (per_shard, sample_bytes), dtype=torch.uint8, generator=g)
     samples = (
         {
             "__key__": f"{i:08d}",
-            "pixels": noise[i % per_shard].numpy().tobytes(),
+            "pixels": i.to_bytes(4, "little") + noise[i % per_shard, 4:].numpy().tobytes(),
             "cls": b"%d" % (i % 10),
         }
         for i in range(shards * per_shard)
@@ -126,9 +128,11 @@ def project(dataset: IterableDataset, args: argparse.Namespace) -> float:
     """Samples per second of the project's stream loader over `dataset`."""
     batches = make(dataset, args)
     start, seen = time.perf_counter(), 0
-    for batch in batches.iterate():
-        seen += len(batch[0])
-    batches.close()
+    try:
+        for batch in batches.iterate():
+            seen += len(batch[0])
+    finally:  # its workers ignore SIGTERM: end them on every way out
+        batches.close()
     return seen / (time.perf_counter() - start)
 
 
@@ -151,8 +155,11 @@ def resume_startup(args: argparse.Namespace) -> tuple[float, float]:
     epoch = args.consumed * 2  # the stop came halfway through
     batches = make(Readings(epoch), args)
     start = time.perf_counter()
-    for _ in batches.iterate():
-        pass
+    try:
+        for _ in batches.iterate():
+            pass
+    finally:
+        batches.close()
     epoch_s = time.perf_counter() - start
     workers = max(1, args.workers)
     per_worker = args.consumed // workers // args.batch * args.batch
@@ -171,10 +178,11 @@ def resume_startup(args: argparse.Namespace) -> tuple[float, float]:
     resumed = make(Readings(epoch), args)
     resumed.restore([saved], "bench")
     start = time.perf_counter()
-    next(resumed.iterate(start=1))
+    try:
+        next(resumed.iterate(start=1))
+    finally:
+        resumed.close()
     startup_s = time.perf_counter() - start
-    resumed.close()
-    batches.close()
     return startup_s, epoch_s
 
 
@@ -182,11 +190,12 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        files = write(Path(tmp), args.shards, args.per_shard)
+        sample_bytes = 3 * 1024 * args.sample_kb // 3
+        files = write(Path(tmp), args.shards, args.per_shard, sample_bytes)
         size = sum(f.stat().st_size for f in files)
         n = args.shards * args.per_shard
         print(
-            f"{n} samples of {SAMPLE_BYTES} bytes in {len(files)} tar shards "
+            f"{n} samples of {sample_bytes} bytes in {len(files)} tar shards "
             f"({size / 2**20:.0f} MiB, page cache warm), {args.workers} workers, batch {args.batch}"
         )
         best: dict[str, float] = {}

@@ -380,10 +380,14 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 
 
 @contextmanager
-def seeded_batch(seed: int) -> Iterator[None]:
-    """Seed torch, `random` and numpy for one batch; restore their states afterwards."""
+def seeded_batch(seed: int, restore: bool = True) -> Iterator[None]:
+    """Seed torch, `random` and numpy for one batch; restore their states afterwards.
+
+    `restore=False` (a DataLoader worker, whose generators serve the data alone) skips the
+    saving and restoring, which cost more than the seeding.
+    """
     global _current  # noqa: PLW0603  (one generator per process, for sample_generator())
-    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    saved = (torch.get_rng_state(), random.getstate(), np.random.get_state()) if restore else None
     # The CPU generator only: torch.manual_seed also queues seeds for every accelerator
     # backend, with a stack trace each time, which costs milliseconds per call.
     torch.default_generator.manual_seed(seed)
@@ -393,9 +397,10 @@ def seeded_batch(seed: int) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.set_rng_state(saved[0])
-        random.setstate(saved[1])
-        np.random.set_state(saved[2])
+        if saved is not None:
+            torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])
         _current = None
 
 

@@ -28,7 +28,7 @@ yield the same first batch).
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 import torch
@@ -150,28 +150,32 @@ class StreamFeed(IterableDataset):
         if saved is not None and not keeps_state:
             for _ in islice(source, pulled):  # replay: the same samples, thrown away
                 pass
-        counter = [pulled]
-        mine = self._mine(source, counter, part)
         first = made == 0  # the checks and the duplicate digest: first batch of an epoch
+        share: Iterator[Any] | None = None
+        split, offset, kept, start = False, 0, 0, pulled
         while True:
-            with seeded_batch(batch_seed(self.seed, self.epoch, made * part.count + part.index)):
-                items = list(islice(mine, self.batch_size))
+            seed = batch_seed(self.seed, self.epoch, made * part.count + part.index)
+            # A worker's generators serve the stream alone: seeded, not saved and restored.
+            with seeded_batch(seed, restore=info is None):
+                if share is None:  # the first pull runs the stream up to its first sample
+                    head = list(islice(source, 1))
+                    split = part.world > 1 and not _context.asked
+                    offset = (part.rank - start) % part.world if split else 0
+                    share = chain(head, source)
+                    if split:  # every world-th sample is this process's
+                        share = islice(share, offset, None, part.world)
+                items = list(islice(share, self.batch_size))
+            kept += len(items)
+            pulled = start + (offset + (kept - 1) * part.world + 1 if split and kept else kept)
             if not items or (self.train and len(items) < self.batch_size):
-                yield None, Tag(worker, counter[0], made, done=True)
+                yield None, Tag(worker, pulled, made, done=True)
                 return
             made += 1
             batch = self._batch(items) if first else self.collate(items)
             state = self.stream.state_dict() if keeps_state else None  # type: ignore[attr-defined]
             digest = content_digest(items) if first else ""
-            yield batch, Tag(worker, counter[0], made, state, digest)
+            yield batch, Tag(worker, pulled, made, state, digest)
             first = False
-
-    def _mine(self, source: Iterator[Any], counter: list[int], part: StreamPart) -> Iterator[Any]:
-        """This process's samples: every world-th one, unless the stream took its share."""
-        for item in source:
-            counter[0] += 1
-            if part.world == 1 or _context.asked or (counter[0] - 1) % part.world == part.rank:
-                yield item
 
     def _batch(self, items: list[Any]) -> Batch:
         """The first batch, with the clear line `check_first_sample` gives map-style data."""
