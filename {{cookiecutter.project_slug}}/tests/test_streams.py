@@ -2,7 +2,9 @@
 
 import csv
 import importlib.util
+import io
 import shutil
+import tarfile
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -242,3 +244,45 @@ def test_a_changed_source_file_is_named_on_resume(project: Path) -> None:
     shard.write_bytes(shard.read_bytes() + b"\0")  # changed behind the run's back
     with pytest.raises(pkg("errors").DataError, match=r"external/streams/train-2.parquet changed"):
         train("run.name=src", *options)
+
+
+names = st.text(alphabet="abcdefghij_-", min_size=1, max_size=120)
+fields = st.dictionaries(
+    st.sampled_from(["x", "y.png", "cls"]), st.binary(max_size=700), min_size=1
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    samples=st.lists(st.tuples(names, fields), max_size=6, unique_by=lambda sample: sample[0]),
+    form=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+)
+def test_the_tar_reader_reads_what_tarfile_writes(
+    samples: list, form: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Long names (GNU, pax), folders and every size come back as the same samples."""
+    path = tmp_path_factory.mktemp("tar") / "shard.tar"
+    if form == tarfile.USTAR_FORMAT:  # ustar: names of up to 100 bytes
+        samples = list({key[:90]: (key[:90], fields) for key, fields in samples}.values())
+    with tarfile.open(path, "w", format=form) as tar:
+        folder = tarfile.TarInfo("folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)  # not a file: skipped
+        for key, parts in samples:
+            for field, data in parts.items():
+                info = tarfile.TarInfo(f"d/{key}.{field}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    read = list(pkg("data.tars").read_tar(path))
+    assert read == [{"__key__": f"d/{key}", **parts} for key, parts in samples]
+
+
+def test_a_cut_tar_file_is_one_line(tmp_path: Path) -> None:
+    tars = pkg("data.tars")
+    [path] = tars.write_tar_shards([{"__key__": "a", "x": b"1" * 3000}], tmp_path, "s", 10)
+    path.write_bytes(path.read_bytes()[:1500])
+    with pytest.raises(pkg("errors").DataError, match=r"s-000000\.tar: cut short"):
+        list(tars.read_tar(path))
+    path.write_bytes(b"not a tar file at all" * 40)
+    with pytest.raises(pkg("errors").DataError, match=r"not a tar file, or damaged at byte 0"):
+        list(tars.read_tar(path))

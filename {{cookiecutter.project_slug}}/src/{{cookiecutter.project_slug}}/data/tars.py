@@ -91,9 +91,10 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
                 long_name = m[start : start + size].split(b"\0", 1)[0].decode()
             elif kind == b"x":  # pax: records for the next member
                 pax = _pax(m[start : start + size])
-            elif kind in REGULAR:
+            elif kind in REGULAR:  # (an old folder is a regular file whose name ends in /)
                 name = pax.get("path") or long_name or _name(header)
-                yield name, m[start : start + size]
+                if not name.endswith("/"):
+                    yield name, m[start : start + size]
                 long_name, pax = "", {}
             else:  # folders, links, global headers: no sample data
                 long_name, pax = "", {}
