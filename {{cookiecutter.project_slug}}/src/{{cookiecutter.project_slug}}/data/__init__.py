@@ -2,7 +2,9 @@
 
 The raw-data guard (`rawdata`, `manifest`, `rawdata_hook`), processed data written
 all-or-nothing and staged to node-local disk (`processed`), shards of many small files
-(`shards`), pretrained weights (`pretrained`) and the file-digest cache (`hashcache`).
+(`shards`), streams that resume exactly (`streams`; tar shards in `tars`, Hugging Face
+streams in `hf_streams`), pretrained weights (`pretrained`) and the file-digest cache
+(`hashcache`).
 
 May import: the seam (`task`, `config`, `errors`, `settings`). Never: `engine`, `observe`,
 `experiments`, `ops`, `tasks`.

@@ -12,7 +12,6 @@ import datetime
 import json
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack, nullcontext
@@ -21,7 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..config import Config, to_dict, to_toml
@@ -35,10 +33,7 @@ from ..task import Batch, Datasets, Task, load_task, own_collate
 from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, strategy
 from .batches import (
     EvalBatches,
-    check_first_sample,
     make_train_batches,
-    size,
-    tensor_bytes,
     to_device,
 )
 from .evaluate import split_sums
@@ -49,19 +44,19 @@ from .preemption import (
     catch_stop_signals,
     stop_message,
 )
+from .rng import rng_state, set_rng_state
 from .runtime import (
     autocast_dtype,
     billed_gpus,
     configure_backends,
     default_workers,
-    fits_in_memory,
     limit_threads,
     packed_runs,
     pick_device,
     seed_everything,
     threads_note,
 )
-from .stream_batches import is_stream
+from .sizes import check_sizes, in_memory, plan_steps
 from .train_scalars import TrainScalars
 
 
@@ -99,28 +94,6 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
     if env.get("SLURM_JOB_ID"):
         return env["SLURM_JOB_ID"]
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")  # local time on purpose
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """All random generator states of this process (as types `torch.load` reads safely)."""
-    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    return {
-        "python": random.getstate(),
-        "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-        "torch": torch.get_rng_state(),
-        # This process's GPU only: the next start may see fewer GPUs (one per task).
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `rng_state`."""
-    random.setstate(state["python"])
-    keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])  # on the current device
 
 
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -189,68 +162,6 @@ def _load_checked(
     return task.datasets(data_dir)
 
 
-def _in_memory(cfg: Config, task_name: str, train_set: Any, device: torch.device) -> bool:
-    """Whether batches are sliced from tensors on the device (`data.in_memory`)."""
-    nbytes = tensor_bytes(train_set)
-    if cfg.data.in_memory == "yes" and nbytes is None:
-        raise ConfigError(
-            f"data.in_memory = 'yes' needs a TensorDataset; task {task_name}'s train set "
-            f"is a {type(train_set).__name__}: use 'auto' or 'no'"
-        )
-    return nbytes is not None and (
-        cfg.data.in_memory == "yes"
-        or (
-            cfg.data.in_memory == "auto"
-            and fits_in_memory(nbytes, cfg.data.in_memory_max_gb, device, packed_runs())
-        )
-    )
-
-
-def check_sizes(
-    cfg: Config, task: Task, datasets: Datasets, denv: distributed.DistEnv
-) -> int | None:
-    """Check the first samples and the settings that depend on the data; batches per epoch.
-
-    A stream has no length: None, and without `train.max_steps` the run has no planned end.
-    """
-    for split in ("train", "val"):
-        check_first_sample(
-            datasets.get(split), f"task {task.name}: {split} data set", own_collate(task)
-        )
-    if cfg.run.best_metric and cfg.run.best_metric not in task.metrics:
-        raise ConfigError(
-            f"run.best_metric: {cfg.run.best_metric!r} is not a metric of task {task.name} "
-            f"(one of {list(task.metrics)})"
-        )
-    if is_stream(datasets.train):
-        if cfg.train.schedule == "cosine" and not cfg.train.max_steps:
-            raise ConfigError(
-                f"train.schedule: 'cosine' decays to zero at the last step, and task "
-                f"{task.name}'s train split is a stream with no length: set train.max_steps, "
-                "or train.schedule='constant'"
-            )
-        return None
-    train_size, accum = size(datasets.train), cfg.train.grad_accum_steps
-    batches = train_size // denv.world_size // cfg.train.batch_size
-    if batches // accum == 0:
-        raise ConfigError(
-            f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
-            f"{accum} accumulation steps exceeds the {train_size} training samples"
-        )
-    return batches
-
-
-def plan_steps(cfg: Config, batches_per_epoch: int | None) -> tuple[int | None, int | None]:
-    """Optimizer steps per epoch and in all: None where unknown (a stream; no max_steps)."""
-    per_epoch = (
-        None if batches_per_epoch is None else batches_per_epoch // cfg.train.grad_accum_steps
-    )
-    limits = [cfg.train.max_steps] if cfg.train.max_steps else []
-    if per_epoch is not None:
-        limits.append(per_epoch * cfg.train.epochs)
-    return per_epoch, min(limits, default=None)
-
-
 class Trainer:
     """State of one training process; `run` is the loop.
 
@@ -280,7 +191,7 @@ class Trainer:
 
         train_set = datasets.train
         # A task's own collate makes every batch: never the in-memory path, which has none.
-        self.in_memory = own_collate(task) is None and _in_memory(cfg, task.name, train_set, device)
+        self.in_memory = own_collate(task) is None and in_memory(cfg, task.name, train_set, device)
         self.workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(denv)
         self.accum = cfg.train.grad_accum_steps
         self.batches_per_epoch = check_sizes(cfg, task, datasets, denv)  # None: a stream
