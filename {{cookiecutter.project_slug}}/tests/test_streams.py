@@ -160,14 +160,7 @@ def test_a_stream_with_two_workers_resumes_exactly(project: Path, kind: str) -> 
 
 @pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled-replay", "own-state"])
-def test_a_hugging_face_stream_resumes_exactly(
-    project: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # datasets 5 pauses 5 s at the end of each shuffled pass over parquet files (a guard
-    # against an Arrow crash at thread shutdown); here, with 600 rows, that is all the time.
-    monkeypatch.setattr(
-        importlib.import_module("datasets.config"), "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0
-    )
+def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> None:
     options = ["task.kind=hf", f"task.shuffle={str(shuffle).lower()}"]
     pkg("data.processed").prepare(load(*options))
     stop_and_resume(project, *options)

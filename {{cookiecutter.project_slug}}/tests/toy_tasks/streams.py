@@ -12,6 +12,7 @@
 Validation is a plain stream too.
 """
 
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,9 @@ class Streams(api.Classification):
         if o.kind == "stateful":
             train = api.ShuffleBuffer(Counted(o.n), o.buffer, seed=self.cfg.run.seed)
         elif o.kind == "hf":
+            # datasets 5 pauses 5 s at the end of each shuffled pass over parquet files (a
+            # guard against an Arrow crash at thread shutdown): with 600 rows, all the time.
+            importlib.import_module("datasets.config").SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
             folder = self.settings.data_dir / "external" / "streams" if o.external else data_dir
             files = sorted(folder.glob("train-*.parquet"))
             buffer = o.buffer if o.shuffle else 0
