@@ -452,7 +452,8 @@ def test_tar_stream_example_requeues_and_resumes_identically(
     project.cli("prepare", "task.name=stream")
     node_disk = {"LOCAL_TMPDIR": str(tmp_path)}  # the preset's node-local disk variable
     whole = project.sbatch("slurm/train.sbatch", *args, "run.name=tar-whole", **node_disk)
-    assert project.finished(whole)["JobState"] == "COMPLETED", project.log(f"{project.slug}-{whole}")
+    state = project.finished(whole)["JobState"]
+    assert state == "COMPLETED", project.log(f"{project.slug}-{whole}")
     job = project.sbatch("slurm/train.sbatch", *args, "run.name=tar-cut", **SLOW, **node_disk)
     name = f"{project.slug}-{job}"
     project.wait_for("first checkpoint", lambda: project.checkpoints("tar-cut"), job)

@@ -26,7 +26,6 @@ import importlib
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +33,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
