@@ -306,30 +306,19 @@ class EvalBatches:
         self.dataset, self.batch_size, self.denv, self.device = dataset, batch_size, denv, device
         self.loader: LoaderBatches | None = None
         self.stream: StreamBatches | None = None
+        loading: dict[str, Any] = {
+            "batch_size": batch_size,
+            "denv": denv,
+            "seed": seed,
+            "device": device,
+            "num_workers": num_workers,
+            "prefetch_factor": prefetch_factor,
+            "collate": collate,
+        }
         if is_stream(dataset):  # each pass with workers of its own (see stream_batches)
-            self.stream = StreamBatches(
-                dataset,
-                batch_size=batch_size,
-                denv=denv,
-                seed=seed,
-                device=device,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor,
-                collate=collate,
-                where=f"{where} stream",
-            )
+            self.stream = StreamBatches(dataset, where=f"{where} stream", **loading)
         elif not (isinstance(dataset, TensorDataset) and collate is None):
-            self.loader = LoaderBatches(
-                dataset,
-                batch_size=batch_size,
-                denv=denv,
-                seed=seed,
-                device=device,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor,
-                collate=collate,
-                train=False,
-            )
+            self.loader = LoaderBatches(dataset, train=False, **loading)
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the split, in order."""
@@ -371,32 +360,21 @@ def make_train_batches(
 
     `group` (batches per optimizer step) and `where` (for messages) concern a stream only.
     """
+    loading: dict[str, Any] = {
+        "batch_size": batch_size,
+        "denv": denv,
+        "seed": seed,
+        "device": device,
+        "num_workers": num_workers,
+        "prefetch_factor": prefetch_factor,
+        "collate": collate,
+    }
     if is_stream(dataset):
-        return StreamBatches(
-            dataset,
-            batch_size=batch_size,
-            denv=denv,
-            seed=seed,
-            device=device,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            collate=collate,
-            where=f"{where} stream",
-            group=group,
-        )
+        return StreamBatches(dataset, where=f"{where} stream", group=group, **loading)
     if in_memory:
         assert isinstance(dataset, TensorDataset)
         return InMemoryBatches(dataset, batch_size=batch_size, denv=denv, seed=seed, device=device)
-    return LoaderBatches(
-        dataset,
-        batch_size=batch_size,
-        denv=denv,
-        seed=seed,
-        device=device,
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
-        collate=collate,
-    )
+    return LoaderBatches(dataset, **loading)
 
 
 def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = None) -> None:
