@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_identical, final_weights, pkg, run_cli
+from conftest import DIGITS, assert_identical, example_task, final_weights, pkg, run_cli
 from toy_tasks.streams import Counted, Generated
 
 streams, trainer = pkg("data.streams"), pkg("engine.trainer")
@@ -188,6 +188,24 @@ def test_a_stream_on_two_processes_resumes_exactly(
         out = run_cli("train", *args, *run.split(), project=project, torchrun=2)
         assert out.returncode == 0, out.stdout + out.stderr
     assert "resumed from step 5" in out.stdout
+    runs = project / "runs"
+    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
+
+
+@pytest.mark.slow
+def test_the_tar_example_on_two_processes_resumes_exactly(project: Path) -> None:
+    """The shipped `stream` task: whole tar shards per process and worker, a shuffle buffer."""
+    if not example_task("stream"):
+        pytest.skip("the stream example is not part of this project (any more)")
+    (project / "data" / "raw").mkdir(parents=True)
+    shutil.copy(DIGITS, project / "data" / "raw")
+    args = [*COMMON[:4], "task.name=stream", "train.schedule=constant", "train.epochs=2"]
+    args += ["model.hidden=32", "task.buffer=32", "data.num_workers=2", "train.batch_size=32"]
+    assert run_cli("prepare", *args, project=project).returncode == 0
+    for run in ("run.name=whole", "run.name=cut run.max_steps_this_segment=6", "run.name=cut"):
+        out = run_cli("train", *args, *run.split(), project=project, torchrun=2)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed from step 6" in out.stdout
     runs = project / "runs"
     assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
 
