@@ -183,13 +183,15 @@ class Task(ABC):
         return optim.adamw(self.param_groups(model), self.cfg.train.lr, model)
 
     def schedule(
-        self, optimizer: torch.optim.Optimizer, total_steps: int
+        self, optimizer: torch.optim.Optimizer, total_steps: int | None
     ) -> torch.optim.lr_scheduler.LRScheduler:
         """The learning rate schedule, stepped once per optimizer step.
 
         Default: linear warmup over `train.warmup_steps`, then `train.schedule` (cosine decay
-        to zero at `total_steps`, or constant). With a `LambdaLR` (as the default), a changed
-        `train.lr` or weight decay applies from the resumed step on.
+        to zero at `total_steps`, or constant). `total_steps` is None for a stream without
+        `train.max_steps`: no planned end (the cosine schedule is refused before this). With
+        a `LambdaLR` (as the default), a changed `train.lr` or weight decay applies from the
+        resumed step on.
         """
         return optim.warmup_then(optimizer, self.cfg.train, total_steps)
 

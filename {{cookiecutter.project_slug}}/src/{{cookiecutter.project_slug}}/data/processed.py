@@ -115,10 +115,10 @@ def check_same_data(
 
     `files`: the checkpoint's and today's `data_files`, to name what changed.
     """
-    then, current = files or (None, {})
-    names = then.keys() | current.keys() if then is not None else set()  # None: not recorded
-    changed = sorted(k for k in names if then.get(k) != current.get(k))  # type: ignore[union-attr]
-    if changed:
+    saved_files, current = files or (None, {})
+    then = saved_files or {}  # None: not recorded, nothing to compare
+    changed = sorted(k for k in then.keys() | current.keys() if then.get(k) != current.get(k))
+    if saved_files is not None and changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         name = changed[0]
         state = "is gone" if name not in current else "is new" if name not in then else "changed"

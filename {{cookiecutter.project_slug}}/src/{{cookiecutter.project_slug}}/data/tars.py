@@ -77,7 +77,8 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
     SHA-256 (processed data's SHA256SUMS, or the data digest of a stream's source files).
     """
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        pos, end, long_name, pax = 0, len(m), "", {}
+        pos, end, long_name = 0, len(m), ""
+        pax: dict[str, str] = {}
         while pos + BLOCK <= end:
             header = m[pos : pos + BLOCK]
             if header[:1] == b"\0" and header.count(0) == BLOCK:  # the end-of-archive blocks
@@ -123,7 +124,7 @@ def read_tar(path: Path) -> Iterator[Sample]:
 
 
 def write_tar_shards(
-    samples: Iterable[Mapping[str, bytes]], out_dir: Path, prefix: str, per_shard: int
+    samples: Iterable[Mapping[str, Any]], out_dir: Path, prefix: str, per_shard: int
 ) -> list[Path]:
     """Write samples (`__key__` and field -> bytes) into `prefix-000000.tar`, ... of `per_shard`.
 

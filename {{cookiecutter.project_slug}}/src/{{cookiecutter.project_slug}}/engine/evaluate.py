@@ -15,11 +15,12 @@ from ..errors import CheckpointError, DataError
 from ..settings import Settings
 from ..task import Task, config_from_dict, load_task, own_collate, set_mode
 from . import checkpoint, distributed
-from .batches import EvalBatches, size, to_device
+from .batches import EvalBatches, size
 from .distributed import DistEnv
 from .run_weights import RunWeights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
 from .stream_batches import is_stream
+from .transfer import to_device
 
 
 class KeptOutputs:

@@ -29,17 +29,19 @@ def adamw(groups: list[dict[str, Any]], lr: float, model: nn.Module) -> torch.op
     return torch.optim.AdamW(groups, lr=lr, fused=fused)
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+def lr_factor(step: int, warmup: int, total: int | None, schedule: str) -> float:
     """Linear warmup over `warmup` steps, then constant or cosine decay to zero at `total`."""
     if step < warmup:
         return (step + 1) / warmup
-    if schedule == "constant":
+    if schedule == "constant" or total is None:  # None: no planned end (a stream)
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def warmup_then(optimizer: torch.optim.Optimizer, train: TrainConfig, total: int) -> LambdaLR:
+def warmup_then(
+    optimizer: torch.optim.Optimizer, train: TrainConfig, total: int | None
+) -> LambdaLR:
     """`train.warmup_steps` of linear warmup, then `train.schedule` up to step `total`."""
     factor = partial(lr_factor, warmup=train.warmup_steps, total=total, schedule=train.schedule)
     return LambdaLR(optimizer, factor)

@@ -58,7 +58,7 @@ def in_turns(
             active.remove(turn)
         else:
             index += 1
-            yield batch, tag  # type: ignore[misc]
+            yield batch, tag
         turn = active[index % len(active)] if active else turn
 
 

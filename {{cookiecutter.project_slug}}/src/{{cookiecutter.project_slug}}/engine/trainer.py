@@ -31,11 +31,7 @@ from ..observe.plots import plot_curves
 from ..settings import Settings, get_settings
 from ..task import Batch, Datasets, Task, load_task, own_collate
 from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, strategy
-from .batches import (
-    EvalBatches,
-    make_train_batches,
-    to_device,
-)
+from .batches import EvalBatches, make_train_batches
 from .evaluate import split_sums
 from .preemption import (
     EXIT_DIVERGED,
@@ -57,7 +53,9 @@ from .runtime import (
     threads_note,
 )
 from .sizes import check_sizes, in_memory, plan_steps
+from .stream_batches import StreamBatches
 from .train_scalars import TrainScalars
+from .transfer import to_device
 
 
 @dataclass
@@ -215,7 +213,7 @@ class Trainer:
         )
         self.optimizer = task.optimizer(self.net)
         self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
-        self.scheduler = task.schedule(self.optimizer, self.total_steps)  # type: ignore[arg-type]
+        self.scheduler = task.schedule(self.optimizer, self.total_steps)
         self.dtype = autocast_dtype(cfg.train.precision, device)
         # fp32: no autocast context at all (a disabled one still costs microseconds a step).
         cast = partial(torch.autocast, device.type, self.dtype)
@@ -289,7 +287,7 @@ class Trainer:
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         self.window = TrainScalars(self.device, self.task.train_scalars)
-        sources = getattr(self.datasets.train, "source_files", list)()  # a stream's own files
+        sources: list[Path] = getattr(self.datasets.train, "source_files", list)()  # a stream's
         data_dir = self.settings.data_dir
         found = (
             data_files(self.task.processed_dir, sources, data_dir) if self.denv.is_main else None
@@ -350,7 +348,7 @@ class Trainer:
         keeps the order; when less than one full step is left the next epoch begins.
         """
         batch_size, world = self.cfg.train.batch_size, self.denv.world_size
-        if self.batches_per_epoch is None:  # a stream: its own position, the same split only
+        if isinstance(self.batches, StreamBatches):  # its own position, the same split only
             self.batches.restore([saved.get("stream") for saved in state["rng"]], self.name)
         if state["world_size"] == world and state["batch_size"] == batch_size:
             set_rng_state(state["rng"][self.denv.rank])
