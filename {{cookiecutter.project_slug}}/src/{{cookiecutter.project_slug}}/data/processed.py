@@ -17,6 +17,7 @@ A run records `processed_digest`, the SHA-256 of `SHA256SUMS`, in its checkpoint
 on processed data that `prepare` has changed since (another split, other files) is refused.
 """
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -80,7 +81,10 @@ def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, s
     files = {f"processed/{folder.name}/{name}": sha for name, sha in read_digests(folder).items()}
     if not sources:
         return files
-    cache = HashCache(data_dir / ".stream-sources.sha256-cache.json", Path("/"))
+    # Beside the library caches in DATA_DIR/.cache (git-ignored, as all below data/*/).
+    with contextlib.suppress(OSError):  # a read-only DATA_DIR: no cache, every file hashed
+        (data_dir / ".cache").mkdir(parents=True, exist_ok=True)
+    cache = HashCache(data_dir / ".cache" / "stream-sources.sha256.json", Path("/"))
     for path in sorted(Path(p).resolve() for p in sources if not _processed(Path(p), folder)):
         st, rel = path.stat(), path.relative_to("/").as_posix()
         files[_short(path, data_dir)] = sha = cache.get(rel, st) or file_digest(path)
