@@ -85,7 +85,9 @@ def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, s
     with contextlib.suppress(OSError):  # a read-only DATA_DIR: no cache, every file hashed
         (data_dir / ".cache").mkdir(parents=True, exist_ok=True)
     cache = HashCache(data_dir / ".cache" / "stream-sources.sha256.json", Path("/"))
-    for path in sorted(Path(p).resolve() for p in sources if not _processed(Path(p), folder)):
+    listed: dict[Path, dict[str, str]] = {}  # SHA256SUMS read once per folder, not per file
+    outside = [p.resolve() for p in map(Path, sources) if not _processed(p, folder, listed)]
+    for path in sorted(outside):
         st, rel = path.stat(), path.relative_to("/").as_posix()
         files[_short(path, data_dir)] = sha = cache.get(rel, st) or file_digest(path)
         cache.put(rel, st, sha)
@@ -93,11 +95,16 @@ def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, s
     return files
 
 
-def _processed(path: Path, folder: Path) -> bool:
-    """Whether `path` is a file of `folder` or of its verified staged copy, in its SHA256SUMS."""
+def _processed(path: Path, folder: Path, listed: dict[Path, dict[str, str]]) -> bool:
+    """Whether `path` is a file of `folder` or of its verified staged copy, in its SHA256SUMS.
+
+    `listed` keeps each folder's SHA256SUMS once read (thousands of shards, one file).
+    """
     for parent in path.resolve().parents:
         if parent == folder.resolve() or (parent / VERIFIED).is_file():
-            return path.resolve().relative_to(parent).as_posix() in read_digests(parent)
+            if parent not in listed:
+                listed[parent] = read_digests(parent)
+            return path.resolve().relative_to(parent).as_posix() in listed[parent]
     return False
 
 
