@@ -166,6 +166,17 @@ def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> 
     stop_and_resume(project, *options)
 
 
+def stop_and_resume_on_two(project: Path, args: list[str], steps: int) -> None:
+    """As `stop_and_resume`, with 2 processes started by torchrun (each run a new process)."""
+    segment = f"run.max_steps_this_segment={steps}"
+    for run in (["run.name=whole"], ["run.name=cut", segment], ["run.name=cut"]):
+        out = run_cli("train", *args, *run, project=project, torchrun=2)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert f"resumed from step {steps}" in out.stdout
+    runs = project / "runs"
+    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "extra"),
@@ -184,12 +195,7 @@ def test_a_stream_on_two_processes_resumes_exactly(
     args = [*COMMON, f"task.kind={kind}", *extra, "run.checkpoint_every_steps=2"]
     if kind == "hf":
         assert run_cli("prepare", *args, project=project).returncode == 0
-    for run in ("run.name=whole", "run.name=cut run.max_steps_this_segment=5", "run.name=cut"):
-        out = run_cli("train", *args, *run.split(), project=project, torchrun=2)
-        assert out.returncode == 0, out.stdout + out.stderr
-    assert "resumed from step 5" in out.stdout
-    runs = project / "runs"
-    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
+    stop_and_resume_on_two(project, args, steps=5)
 
 
 @pytest.mark.slow
@@ -202,12 +208,7 @@ def test_the_tar_example_on_two_processes_resumes_exactly(project: Path) -> None
     args = [*COMMON[:4], "task.name=stream", "train.schedule=constant", "train.epochs=2"]
     args += ["model.hidden=32", "task.buffer=32", "data.num_workers=2", "train.batch_size=32"]
     assert run_cli("prepare", *args, project=project).returncode == 0
-    for run in ("run.name=whole", "run.name=cut run.max_steps_this_segment=6", "run.name=cut"):
-        out = run_cli("train", *args, *run.split(), project=project, torchrun=2)
-        assert out.returncode == 0, out.stdout + out.stderr
-    assert "resumed from step 6" in out.stdout
-    runs = project / "runs"
-    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
+    stop_and_resume_on_two(project, args, steps=6)
 
 
 def test_resume_with_another_worker_count_is_refused_naming_both(project: Path) -> None:
@@ -296,4 +297,12 @@ def test_a_cut_tar_file_is_one_line(tmp_path: Path) -> None:
         list(tars.read_tar(path))
     path.write_bytes(b"not a tar file at all" * 40)
     with pytest.raises(pkg("errors").DataError, match=r"not a tar file, or damaged at byte 0"):
+        list(tars.read_tar(path))
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a" * 150 + ".x")  # a long name: a pax header before it
+        tar.addfile(info, io.BytesIO(b""))
+    data = bytearray(path.read_bytes())
+    data[512:514] = b"zz"  # the first record's length
+    path.write_bytes(bytes(data))
+    with pytest.raises(pkg("errors").DataError, match=r"a damaged pax header at byte 512"):
         list(tars.read_tar(path))

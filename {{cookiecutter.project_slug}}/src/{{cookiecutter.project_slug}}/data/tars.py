@@ -91,7 +91,10 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
             if kind == b"L":  # GNU: the next member's long name
                 long_name = m[start : start + size].split(b"\0", 1)[0].decode()
             elif kind == b"x":  # pax: records for the next member
-                pax = _pax(m[start : start + size])
+                try:
+                    pax = _pax(m[start : start + size])
+                except (ValueError, UnicodeDecodeError):  # a length or text that is not
+                    raise DataError(f"{path}: a damaged pax header at byte {start}") from None
             elif kind in REGULAR:  # (an old folder is a regular file whose name ends in /)
                 name = pax.get("path") or long_name or _name(header)
                 if not name.endswith("/"):
