@@ -100,7 +100,7 @@ def _rank(rank: int, strategy: str, port: int, args: argparse.Namespace, out: Pa
         start = time.perf_counter()
         for _ in range(STEPS):
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            plan.grad_norm(net, 1.0)
+            plan.grad_norm(list(net.parameters()), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)  # gradients kept: counted as state
         distributed.barrier()

@@ -3,9 +3,11 @@
 Tasks (`tasks/<name>.py`) import only from here, so the package's wings can move without an
 edit to your research code. What each name is:
 
-- the seam: `Task` (subclass it), `Batch`, `Datasets`, `NoOptions`, and `Config` and
-  `Settings` (what a task's `__init__` gets); the ready-made kinds `Classification` and
-  `Regression`, and `need_torchmetrics` (a setting that needs the `metrics` extra);
+- the seam: `Task` (subclass it), `Batch`, `Datasets`, `NoOptions`, `Where` (the type of
+  `Task.where`), and `Config` and `Settings` (what a task's `__init__` gets); the ready-made
+  kinds `Classification` and `Regression`, and `need_torchmetrics` (a setting that needs the
+  `metrics` extra);
+- averaged weights: `EMA` (set as `self.averaged`, updated in `after_step`);
 - helpers for a task's data: `split_indices`, `class_labels`, `sample_generator` (the random
   numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
   a few shards);
@@ -29,6 +31,7 @@ from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
 from .data.streams import ShuffleBuffer, StreamPart, stream_part
 from .data.tars import TarShards, write_tar_shards
+from .engine.averaging import EMA
 from .engine.distributed import gather_with_grad
 from .errors import ConfigError, DataError
 from .models import build_model
@@ -38,6 +41,7 @@ from .task import (
     Datasets,
     NoOptions,
     Task,
+    Where,
     class_labels,
     sample_generator,
     split_indices,
@@ -45,6 +49,7 @@ from .task import (
 from .task_kinds import Classification, Regression, need_torchmetrics
 
 __all__ = [
+    "EMA",
     "INDEX",
     "Batch",
     "CausalLM",
@@ -62,6 +67,7 @@ __all__ = [
     "StreamPart",
     "TarShards",
     "Task",
+    "Where",
     "build_model",
     "class_labels",
     "gather_with_grad",

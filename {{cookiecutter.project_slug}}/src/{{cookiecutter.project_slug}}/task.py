@@ -14,8 +14,14 @@ set in the `[task]` section of the config and on the command line (`task.freeze_
 
 Optional hooks, each with the default behaviour when not overridden: `collate` (how samples
 become a batch: padding variable-length samples), `optimizer` and `schedule` (AdamW with
-warmup and a cosine or constant schedule), `on_mode` (submodule modes after the trainer's
-`train()`/`eval()`, e.g. a frozen backbone's BatchNorm kept in eval mode).
+warmup and a cosine or constant schedule; several named optimizers, each with its own loss,
+for a GAN), `on_mode` (submodule modes after the trainer's `train()`/`eval()`, e.g. a frozen
+backbone's BatchNorm kept in eval mode), `after_step` (once per optimizer step: an average of
+the weights), `model_figures` (figures the model draws: generated samples).
+
+`self.where` says where training is (the optimizer step, the epoch, the fraction of the
+planned steps) for annealing, warm-ups and curricula; `self.averaged` (an `EMA`) holds
+averaged weights that checkpoints keep and that validation, `evaluate` and `export` may use.
 
 The one rule for random data augmentation: draw random numbers inside a data set's
 `__getitem__` from torch, `random` or numpy (or from `sample_generator()`), never from a
@@ -45,6 +51,7 @@ from torch.utils.data import Dataset, default_collate
 from . import config
 from .config import Config, field_types
 from .engine import optim
+from .engine.averaging import EMA
 from .errors import ConfigError, DataError
 from .settings import Settings
 
@@ -63,6 +70,19 @@ class Datasets:
     def get(self, split: str) -> Dataset:
         """The data set of `split` ("train", "val" or "test")."""
         return {"train": self.train, "val": self.val, "test": self.test}[split]
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where training is, for the batch being trained (`Task.where`).
+
+    The same for every micro-batch of one accumulated step, and restored on resume, so a
+    schedule that reads it resumes exactly.
+    """
+
+    step: int = 0  # optimizer steps done before this one (0 for the first step)
+    epoch: int = 0
+    fraction: float | None = 0.0  # step / planned steps; None without a planned end (a stream)
 
 
 @dataclass
@@ -105,10 +125,16 @@ class Task(ABC):
     keep_limit_mb: ClassVar[float] = 512.0
     """The most `keep` may hold over one pass of a split, all processes together, in MB."""
 
+    averaged: EMA | None = None
+    """Averaged weights, when the task sets `self.averaged = EMA(...)` in `__init__` and
+    updates them in `after_step`: kept in checkpoints, and used by validation, `evaluate`,
+    `export` and `model_figures` when the EMA's `use` says so."""
+
     def __init__(self, cfg: Config, settings: Settings) -> None:
         """Keep the configuration; `self.options` holds the `[task]` settings, typed."""
         self.cfg, self.settings = cfg, settings
         self.options: Any = self.Options(**cfg.task.options)
+        self.where = Where()  # set by the trainer before each batch it trains on
 
     @property
     def name(self) -> str:
@@ -174,11 +200,18 @@ class Task(ABC):
             {"params": rest, "weight_decay": 0.0},
         ]
 
-    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+    def optimizer(
+        self, model: nn.Module
+    ) -> torch.optim.Optimizer | dict[str, torch.optim.Optimizer]:
         """The optimizer over `param_groups(model)`. Default: AdamW with `train.lr`.
 
         Any `torch.optim.Optimizer` works (SGD with momentum, Adafactor, an 8-bit optimizer);
         its state is checkpointed and resumed with it.
+
+        A dict names several optimizers over disjoint parameters (a GAN's discriminator and
+        generator). Each step then runs them in the dict's order on the same batch: optimizer
+        `name` steps on `named_loss(name, model, batch)`, with its own schedule and clipping,
+        and each loss gets its own column (`loss_<name>`; `loss` is their sum).
         """
         return optim.adamw(self.param_groups(model), self.cfg.train.lr, model)
 
@@ -227,6 +260,14 @@ class Task(ABC):
         """
         return name
 
+    def after_step(self, model: nn.Module, step: int) -> None:  # noqa: B027  (optional)
+        """Called once per optimizer step, on every process, after the step (and accumulation).
+
+        `step` counts the steps done, this one included. Update averaged weights here
+        (`self.averaged.update(model, step)`); the model is the unwrapped one (its parameters
+        are shards under fsdp).
+        """
+
     def on_epoch_start(self, model: nn.Module, epoch: int) -> None:  # noqa: B027  (optional)
         """Called before each epoch (also the epoch a run resumes in): freeze layers, etc.
 
@@ -243,9 +284,26 @@ class Task(ABC):
         """
 
     # --- loss, metrics, figures -----------------------------------------------------------
-    @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """The mean loss of a training batch (a scalar tensor); runs under autocast."""
+        """The mean loss of a training batch (a scalar tensor); runs under autocast.
+
+        Every task defines it, except one whose `optimizer` names several optimizers: that
+        one defines `named_loss` instead.
+        """
+        del model, batch
+        raise DataError(f"task {self.name}: define loss(model, batch), the batch's mean loss")
+
+    def named_loss(self, name: str, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The mean loss that the optimizer `name` steps on (several named optimizers).
+
+        Called in the order of `optimizer`'s dict, each after the previous optimizer's step:
+        the generator's loss sees the discriminator just updated. Gradients that reach other
+        optimizers' parameters are cleared before those step.
+        """
+        del model, batch
+        raise DataError(
+            f"task {self.name}: optimizer() names {name!r}: define named_loss(name, model, batch)"
+        )
 
     def record(self, name: str, value: torch.Tensor | float) -> None:
         """Log a training scalar of this micro-batch (a per-head loss, a batch accuracy).
@@ -304,6 +362,18 @@ class Task(ABC):
         del sums, out_dir, split
         return []
 
+    def model_figures(self, model: nn.Module, out_dir: Path) -> list[Path]:
+        """Figures the model draws (generated samples, a reconstruction grid).
+
+        Called once, in one process, with the whole model in eval mode (its averaged weights
+        when they are used), under `torch.no_grad()` and with the random generators seeded
+        from `run.seed` (`model_figures_seeded`), so the same weights draw the same figure:
+        at the end of a finished run (not under fsdp, whose model is in shards) and by
+        `evaluate`. Default: none.
+        """
+        del model, out_dir
+        return []
+
 
 def own_collate(task: Task) -> Callable[[list[Any]], Batch] | None:
     """The task's `collate` when it overrides the default, else None (torch's default)."""
@@ -314,6 +384,22 @@ def set_mode(task: Task, model: nn.Module, training: bool) -> None:
     """`model.train(training)`, then the task's `on_mode` for the parts it sets itself."""
     model.train(training)
     task.on_mode(model, training)
+
+
+def model_figures_seeded(task: Task, model: nn.Module, out_dir: Path) -> list[Path]:
+    """`task.model_figures` in eval mode, without gradients, seeded from `run.seed`.
+
+    The model's mode and the random generators are restored afterwards.
+    """
+    if type(task).model_figures is Task.model_figures:
+        return []
+    was_training = model.training
+    set_mode(task, model, False)
+    try:
+        with torch.no_grad(), seeded_batch(task.cfg.run.seed):
+            return task.model_figures(model, out_dir)
+    finally:
+        set_mode(task, model, was_training)
 
 
 # --- choosing a task --------------------------------------------------------------------

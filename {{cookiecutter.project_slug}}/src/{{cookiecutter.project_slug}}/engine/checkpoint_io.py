@@ -34,7 +34,7 @@ from torch import nn
 from ..errors import CheckpointError, NoIntactCheckpointError
 from . import checkpoint, distributed
 from .distributed import DistEnv
-from .strategy import Strategy
+from .strategy import Stepped, Strategy
 
 # DCP writes a process's shards with one thread by default: 0.40-0.45 GB/s on an H200 node's
 # disk that takes 1.4 GB/s. With WRITE_THREADS threads each process writes that many files in
@@ -162,18 +162,18 @@ class Checkpointer:
         self,
         step: int,
         net: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        stepped: Stepped,
         extra: dict[str, Any],
         background: bool,
     ) -> None:
-        """Write the checkpoint of `step`: model and optimizer state plus `extra` (all ranks)."""
+        """Write the checkpoint of `step`: the strategy's state plus `extra` (all ranks)."""
         self.wait()  # one save at a time, in order
         started = time.perf_counter()
         if self.strategy.sharded:
-            self._save_shards(step, net, optimizer, extra, background, started=started)
+            self._save_shards(step, net, stepped, extra, background, started=started)
             return
         if self.denv.is_main:
-            state = {**self.strategy.state(net, optimizer), **extra}
+            state = {**self.strategy.state(net, stepped), **extra}
             if background:
                 self._pending = self._pool.submit(
                     self._write, self._stager.stage(state), step, started
@@ -191,7 +191,7 @@ class Checkpointer:
         self,
         step: int,
         net: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        stepped: Stepped,
         extra: dict[str, Any],
         background: bool,
         *,
@@ -203,7 +203,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
             checkpoint.save_atomic(extra, tmp / "meta.pt")
         distributed.barrier(io=True)  # the folder exists before any rank writes into it
-        tensors = self.strategy.state(net, optimizer)
+        tensors = self.strategy.state(net, stepped)
         if not self.denv.distributed:  # one process: DCP's own threads would warn about that
             if background:
                 staged = self._stager.stage(tensors)
@@ -308,9 +308,7 @@ class Checkpointer:
             self._pool.shutdown()
 
     # --- loading ----------------------------------------------------------------------
-    def load_latest(
-        self, net: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> dict[str, Any] | None:
+    def load_latest(self, net: nn.Module, stepped: Stepped) -> dict[str, Any] | None:
         """The newest intact checkpoint of this run, its tensors read into a state for `net`.
 
         A damaged checkpoint is skipped with one line naming the file and the reason; when
@@ -320,7 +318,7 @@ class Checkpointer:
         self.wait()
         found = checkpoint.list_checkpoints(self.directory)
         for _, path in reversed(found):
-            if (state := self._read(path, net, optimizer)) is not None:
+            if (state := self._read(path, net, stepped)) is not None:
                 return state
         if found:
             raise NoIntactCheckpointError(
@@ -334,9 +332,7 @@ class Checkpointer:
         """The first rank's problem, on every rank (waits untimed: ranks may read for long)."""
         return next((p for p in distributed.gather_objects(problem, io=True) if p), None)
 
-    def _read(
-        self, path: Path, net: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> dict[str, Any] | None:
+    def _read(self, path: Path, net: nn.Module, stepped: Stepped) -> dict[str, Any] | None:
         problem = None
         try:
             manifest = checkpoint.read_manifest(path)
@@ -356,7 +352,7 @@ class Checkpointer:
         state = None
         if not (problem := self._agreed(problem)):
             try:
-                state = self._load(path, net, optimizer)
+                state = self._load(path, net, stepped)
             except Exception as err:  # any unreadable content: the next one
                 first = str(err).splitlines()[0] if str(err) else type(err).__name__
                 problem = f"{path}: {first}"
@@ -366,7 +362,7 @@ class Checkpointer:
             return None
         return state
 
-    def _load(self, path: Path, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def _load(self, path: Path, net: nn.Module, stepped: Stepped) -> dict[str, Any]:
         if not path.is_dir():
             return checkpoint.load(path)
         if not self.strategy.sharded:
@@ -374,7 +370,7 @@ class Checkpointer:
                 f"{path} holds sharded state (dist.strategy = 'fsdp'); resume with fsdp"
             )
         meta: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
-        tensors = self.strategy.state(net, optimizer)  # the shards this process holds
+        tensors = self.strategy.state(net, stepped)  # the shards this process holds
         io, solo = distributed.io_group(), not self.denv.distributed
         with checkpoint.alone() if solo else nullcontext():
             dcp.load(tensors, checkpoint_id=path, process_group=io, no_dist=solo)

@@ -13,11 +13,18 @@ from torch.utils.data import Dataset
 from ..config import Config
 from ..errors import CheckpointError, DataError
 from ..settings import Settings
-from ..task import Task, config_from_dict, load_task, own_collate, set_mode
+from ..task import (
+    Task,
+    config_from_dict,
+    load_task,
+    model_figures_seeded,
+    own_collate,
+    set_mode,
+)
 from . import checkpoint, distributed
 from .batches import EvalBatches, size
 from .distributed import DistEnv
-from .run_weights import RunWeights, with_frozen_base
+from .run_weights import RunWeights, used_weights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
 from .stream_batches import is_stream
 from .transfer import to_device
@@ -178,7 +185,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     # A frozen base the checkpoint left out (LoRA) is read again from the run's model.init_from.
     frozen = list((state.get("frozen") or {}).get("keys", []))
     step = state["position"]["step"]
-    found = RunWeights(state["model"], state["config"], step, run_dir, frozen)
+    found = RunWeights(used_weights(state), state["config"], step, run_dir, frozen)
     checkpoint.load_model(model, with_frozen_base(found, settings), f"run {run_dir.name}")
     sums = split_sums(
         task,
@@ -198,5 +205,6 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
         **task.summarize(sums),
     }
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    figures = task.figures(sums, settings.figures_dir / run_dir.name, "test")
+    out_dir = settings.figures_dir / run_dir.name
+    figures = task.figures(sums, out_dir, "test") + model_figures_seeded(task, model, out_dir)
     return {**result, "figures": [str(f) for f in figures]}

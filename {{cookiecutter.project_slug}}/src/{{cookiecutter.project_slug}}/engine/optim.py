@@ -48,34 +48,46 @@ def warmup_then(
 
 
 def restore(
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    state: dict[str, Any],
+    optimizers: list[torch.optim.Optimizer],
+    schedulers: list[LRScheduler],
+    saved: list[dict[str, Any]],
     run: str,
     load: Callable[[], None],
 ) -> None:
-    """Optimizer and schedule state from a checkpoint's `state`, with this config's lr and decay.
+    """Optimizer and schedule states from a checkpoint, with this config's lr and decay.
 
-    `load` puts the saved weights and optimizer state in place (the strategy knows how: whole
-    tensors under ddp, each process's shards under fsdp).
+    `load` puts the saved weights and optimizer states in place (the strategy knows how:
+    whole tensors under ddp, each process's shards under fsdp); `saved` holds each
+    schedule's state.
 
     The saved state carries the learning rate and weight decay of the first segment. Under a
     `LambdaLR` (the default schedule) the values the task's parameter groups got from this
     configuration replace them, so a changed `train.lr` or `train.weight_decay` applies from
     the resumed step on; other schedules resume exactly as saved.
     """
-    fresh = [(g.get("initial_lr"), g.get("weight_decay")) for g in optimizer.param_groups]
+    fresh = [
+        [(g.get("initial_lr"), g.get("weight_decay")) for g in opt.param_groups]
+        for opt in optimizers
+    ]
     try:
         load()
-        scheduler.load_state_dict(state["scheduler"])
+        for scheduler, state in zip(schedulers, saved, strict=True):
+            scheduler.load_state_dict(state)
     except (ValueError, KeyError) as err:  # e.g. the task's parameter groups changed
         raise CheckpointError(
             f"run {run}'s checkpoint: the optimizer state does not fit ({err}); "
             "were the task's parameter groups changed (or its optimizer or schedule)? "
             "use another run.name"
         ) from None
-    if not isinstance(scheduler, LambdaLR):
-        return
+    for opt, scheduler, values in zip(optimizers, schedulers, fresh, strict=True):
+        if isinstance(scheduler, LambdaLR):
+            _reapply(opt, scheduler, values)
+
+
+def _reapply(
+    optimizer: torch.optim.Optimizer, scheduler: LambdaLR, fresh: list[tuple[Any, Any]]
+) -> None:
+    """This configuration's lr and weight decay at the schedule's resumed step."""
     scheduler.base_lrs = [lr for lr, _ in fresh]
     for group, (lr, decay), factor in zip(
         optimizer.param_groups, fresh, scheduler.lr_lambdas, strict=True

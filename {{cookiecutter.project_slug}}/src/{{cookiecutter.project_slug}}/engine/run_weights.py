@@ -103,8 +103,11 @@ class ModelTensors:
             }
         else:
             meta = checkpoint.load(self.path)
-            self._pickled = meta["model"]
+            self._pickled = used_weights(meta)
             self.shapes = {k: list(v.shape) for k, v in self._pickled.items()}
+        # Averaged weights the run uses (an EMA with `use`) stand in for the trained ones.
+        used = (meta.get("averaging") or {}).get("use", False)
+        self.averaged = set(meta.get("averaged_names", [])) if used else set()
         self.config: dict[str, Any] = meta["config"]
         self.step = int(meta["step"] if "step" in meta else meta["position"]["step"])
         self.frozen: list[str] = list((meta.get("frozen") or {}).get("keys", []))
@@ -117,12 +120,19 @@ class ModelTensors:
             _load_state_dict_from_keys,
         )
 
+        keys = {f"averaged.{n}" if n in self.averaged else f"model.{n}" for n in names}
         with checkpoint.alone():  # one process, no process group
-            found = _load_state_dict_from_keys(
-                {f"model.{n}" for n in names}, checkpoint_id=self.path
-            )
-        tensors: dict[str, torch.Tensor] = found["model"]
+            found = _load_state_dict_from_keys(keys, checkpoint_id=self.path)
+        tensors: dict[str, torch.Tensor] = {**found.get("model", {}), **found.get("averaged", {})}
         return tensors
+
+
+def used_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A checkpoint's model weights, its averaged ones in their place when the run uses them."""
+    weights: dict[str, torch.Tensor] = state["model"]
+    if (state.get("averaging") or {}).get("use"):
+        return {**weights, **state["averaged"]}
+    return weights
 
 
 def _intact(run_dir: Path, which: str) -> Path:

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -38,6 +38,17 @@ from .checkpoint import load_model
 from .distributed import DistEnv
 from .initial_weights import InitialWeights
 from .runtime import autocast_dtype
+
+
+class Stepped(Protocol):
+    """What trains beside the model (`update.Update`): optimizers and averaged weights."""
+
+    optimizers: list[torch.optim.Optimizer]
+
+    @property
+    def averaged_tensors(self) -> dict[str, torch.Tensor]:
+        """The averaged weights by parameter name (empty when the task averages none)."""
+        ...
 
 
 def place(net: nn.Module, device: torch.device) -> nn.Module:
@@ -126,10 +137,16 @@ class Strategy:
         net = self.initial.build() if self.initial else self.materialise(task)
         if self.cfg.model.channels_last:
             net = net.to(memory_format=torch.channels_last)
-        # Parameters frozen from the start never change: checkpoints store a digest of them
-        # instead of the weights (a frozen base under LoRA adapters: most of the model).
+        # A frozen base read from model.init_from never changes: checkpoints store a digest
+        # of it instead of the weights (under LoRA adapters: most of the model), and evaluate
+        # and export read it from those files again. Other frozen parameters (a teacher the
+        # task built or loaded itself) are saved with the weights: nothing else could
+        # restore them.
+        base = {id(p) for p in task.pretrained_target(net).parameters()} if self.initial else set()
         self.frozen_at_build = {
-            n for n, p in net.named_parameters(remove_duplicate=False) if not p.requires_grad
+            n
+            for n, p in net.named_parameters(remove_duplicate=False)
+            if not p.requires_grad and id(p) in base
         }
         blocks = task.blocks(net)
         if self.cfg.train.activation_checkpointing == "blocks":
@@ -179,9 +196,34 @@ class Strategy:
         """Drop the DDP wrapper (its reducer holds the process group) before the group goes."""
         self._ddp = None
 
-    def grad_norm(self, net: nn.Module, clip: float) -> torch.Tensor:
-        """The total gradient norm of the model; gradients scaled down to `clip` when > 0."""
-        params = [p for p in net.parameters() if p.grad is not None]
+    def for_several(self, net: nn.Module, model: nn.Module) -> nn.Module:
+        """The model that steps for several optimizers: under ddp the model itself.
+
+        DDP's reducer expects a gradient for every parameter in every backward; a GAN's
+        discriminator loss gives the generator none. So the steps run on the model itself
+        and `reduce_grads` averages each optimizer's gradients before its step.
+        """
+        if self._ddp is None:
+            return model
+        self._ddp = None
+        return torch.compile(net) if self.cfg.model.compile else net
+
+    def reduce_grads(self, params: list[nn.Parameter]) -> None:
+        """Average the gradients of `params` over the processes (several optimizers, ddp)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not self.denv.distributed or not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        torch.distributed.all_reduce(flat)
+        flat /= self.denv.world_size
+        for grad, reduced in zip(
+            grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
+        ):
+            grad.copy_(reduced)
+
+    def grad_norm(self, params: list[nn.Parameter], clip: float) -> torch.Tensor:
+        """The total gradient norm of `params`; their gradients scaled down to `clip` when > 0."""
+        params = [p for p in params if p.grad is not None]
         norm = nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):  # sharded gradients: the sum of the shards' squares
             norm = norm.full_tensor()
@@ -222,11 +264,16 @@ class Strategy:
         weights: dict[str, torch.Tensor] = net.state_dict()
         return weights
 
-    def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Model (without frozen parameters) and optimizer state, as this strategy saves them."""
+    def state(self, net: nn.Module, stepped: Stepped) -> dict[str, Any]:
+        """Model (without a frozen base), optimizer states and averaged weights, as saved.
+
+        One optimizer's state is saved as it is, several as a list in their order.
+        """
         skip = set(self.frozen_keys(net))
         weights = {k: v for k, v in net.state_dict().items() if k not in skip}
-        return {"model": weights, "optimizer": optimizer.state_dict()}
+        states = [opt.state_dict() for opt in stepped.optimizers]
+        found = {"model": weights, "optimizer": states[0] if len(states) == 1 else states}
+        return found | ({"averaged": stepped.averaged_tensors} if stepped.averaged_tensors else {})
 
     def full_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
         """Whole tensors on rank 0's CPU, without the frozen base (every rank calls this).
@@ -243,14 +290,17 @@ class Strategy:
                 whole[name] = full.detach().cpu()
         return whole
 
-    def load(
-        self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
-    ) -> None:
-        """Load a checkpoint's model and optimizer state (read by `checkpoint_io`)."""
+    def load(self, net: nn.Module, stepped: Stepped, state: dict[str, Any], source: str) -> None:
+        """Load a checkpoint's model, optimizer states and averages (read by `checkpoint_io`)."""
         frozen = (state.get("frozen") or {}).get("keys", [])
         load_model(net, state["model"], source, skip=frozen)
         self.check_frozen(net, state.get("frozen"), source)
-        optimizer.load_state_dict(state["optimizer"])
+        saved = state["optimizer"]
+        for opt, opt_state in zip(
+            stepped.optimizers, saved if isinstance(saved, list) else [saved], strict=True
+        ):
+            opt.load_state_dict(opt_state)
+        load_averaged(stepped, state, source)
 
     def check_frozen(self, net: nn.Module, frozen: dict[str, Any] | None, source: str) -> None:
         """Refuse a checkpoint whose frozen base is not the one this model was built with."""
@@ -343,6 +393,10 @@ class FSDP(Strategy):
         self._root = net
         return net, model
 
+    def reduce_grads(self, params: list[nn.Parameter]) -> None:
+        """Nothing: the backward pass has reduce-scattered every gradient already."""
+        del params
+
     def all_finite(self, net: nn.Module) -> bool:
         """Whether every shard on every process is finite (one all-reduce)."""
         return not distributed.any_rank([not self.local_finite(net)], self.device)[0]
@@ -356,19 +410,40 @@ class FSDP(Strategy):
         weights: dict[str, torch.Tensor] = get_model_state_dict(net)
         return weights
 
-    def state(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Sharded state keyed by parameter names: it loads into any number of processes."""
+    def state(self, net: nn.Module, stepped: Stepped) -> dict[str, Any]:
+        """Sharded state keyed by parameter names: it loads into any number of processes.
+
+        Several optimizers share one state keyed by parameter names (they hold disjoint
+        parameters); the averaged weights are shards like the parameters they average.
+        """
         skip = set(self.frozen_keys(net))
         weights = {k: v for k, v in self.weights(net).items() if k not in skip}
-        return {"model": weights, "optimizer": get_optimizer_state_dict(net, optimizer)}
+        found = {
+            "model": weights,
+            "optimizer": get_optimizer_state_dict(net, stepped.optimizers),
+        }
+        return found | ({"averaged": stepped.averaged_tensors} if stepped.averaged_tensors else {})
 
-    def load(
-        self, net: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str
-    ) -> None:
+    def load(self, net: nn.Module, stepped: Stepped, state: dict[str, Any], source: str) -> None:
         """Load the state `checkpoint_io` read into the sharded skeleton of `state`."""
         set_model_state_dict(net, state["model"], options=StateDictOptions(strict=False))
         self.check_frozen(net, state.get("frozen"), source)
-        set_optimizer_state_dict(net, optimizer, state["optimizer"])
+        set_optimizer_state_dict(net, stepped.optimizers, state["optimizer"])
+        load_averaged(stepped, state, source)
+
+
+def load_averaged(stepped: Stepped, state: dict[str, Any], source: str) -> None:
+    """The checkpoint's averaged weights into `stepped`'s (fsdp: read in place already)."""
+    mine, saved = stepped.averaged_tensors, state.get("averaged") or {}
+    if mine.keys() != saved.keys():
+        raise CheckpointError(
+            f"{source}: it holds averaged weights of {len(saved)} parameters, the task "
+            f"averages {len(mine)} now (EMA added, removed or changed); use another run.name"
+        )
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            if saved[name] is not tensor:
+                tensor.copy_(saved[name])
 
 
 def create(cfg: Config, denv: DistEnv, device: torch.device) -> Strategy:

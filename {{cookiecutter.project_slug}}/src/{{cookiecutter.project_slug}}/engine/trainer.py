@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -29,8 +29,9 @@ from ..observe import provenance
 from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from ..observe.plots import plot_curves
 from ..settings import Settings, get_settings
-from ..task import Batch, Datasets, Task, load_task, own_collate
-from . import checkpoint, checkpoint_io, distributed, hooks, names, optim, strategy
+from ..task import Datasets, Task, Where, load_task, model_figures_seeded, own_collate
+from . import checkpoint, checkpoint_io, distributed, hooks, names, strategy
+from .averaging import swapped_in
 from .batches import EvalBatches, make_train_batches
 from .evaluate import split_sums
 from .preemption import (
@@ -42,7 +43,6 @@ from .preemption import (
 )
 from .rng import rng_state, set_rng_state
 from .runtime import (
-    autocast_dtype,
     billed_gpus,
     configure_backends,
     default_workers,
@@ -55,7 +55,7 @@ from .runtime import (
 from .sizes import check_sizes, in_memory, plan_steps
 from .stream_batches import StreamBatches
 from .train_scalars import TrainScalars
-from .transfer import to_device
+from .update import Update
 
 
 @dataclass
@@ -211,20 +211,21 @@ class Trainer:
             self.say,
             every_s=60 * cfg.run.checkpoint_every_minutes,
         )
-        self.optimizer = task.optimizer(self.net)
-        self.lr_names = [g["name"] for g in self.optimizer.param_groups if "name" in g]
-        self.scheduler = task.schedule(self.optimizer, self.total_steps)
-        self.dtype = autocast_dtype(cfg.train.precision, device)
-        # fp32: no autocast context at all (a disabled one still costs microseconds a step).
-        cast = partial(torch.autocast, device.type, self.dtype)
-        self.autocast = cast if self.dtype else nullcontext
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+        # Optimizers, schedules, scaling and the task's step hooks: the update rule's room.
+        self.update = Update(
+            cfg,
+            task,
+            strategy=self.strategy,
+            models=(self.net, self.model),
+            total_steps=self.total_steps,
+            device=device,
+        )
+        self.dtype = self.update.dtype
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
 
         self.log_every = cfg.run.log_every_steps
         self.pos = Position()
         self.nonfinite_windows = 0  # logging windows in a row with a NaN/inf loss
-        self.grad_norm: torch.Tensor | None = None
         self.best: float | None = None  # best value of run.best_metric so far
         self.earlier: dict[str, float] = {}  # seconds per activity of the earlier segments
         self.timers = Timers()
@@ -286,7 +287,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
-        self.window = TrainScalars(self.device, self.task.train_scalars)
+        self.window = TrainScalars(self.device, self.update.scalars)
         sources: list[Path] = getattr(self.datasets.train, "source_files", list)()  # a stream's
         data_dir = self.settings.data_dir
         found = (
@@ -298,7 +299,7 @@ class Trainer:
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
         own_id = checkpoint.run_id(self.run_dir) if self.denv.is_main else None
         self.checkpoints.run_id = distributed.broadcast_object(own_id)
-        state = self.checkpoints.load_latest(self.net, self.optimizer)
+        state = self.checkpoints.load_latest(self.net, self.update)
         if state is None:
             self.say(f"run {self.name}: no checkpoint in {self.ckpt_dir}, starting fresh")
             if self.strategy.initial:  # read into the model when it was built
@@ -319,9 +320,9 @@ class Trainer:
                 f"{state.get('strategy', 'ddp')!r}; resume it with that strategy"
             )
         source = f"run {self.name}'s checkpoint"
-        load = partial(self.strategy.load, self.net, self.optimizer, state, source)
-        optim.restore(self.optimizer, self.scheduler, state, self.name, load)
-        self.scaler.load_state_dict(state["scaler"])
+        self.update.restore(
+            state, self.name, partial(self.strategy.load, self.net, self.update, state, source)
+        )
         self.pos = Position(**state["position"])
         self.tracker_saved = state.get("tracker")
         self.saved_step = self.pos.step
@@ -389,8 +390,7 @@ class Trainer:
         frozen = self.strategy.frozen_keys(self.net)
         digest = self.strategy.frozen_digest(self.net, frozen) if frozen else ""
         extra = {
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            **self.update.state(),  # schedules, the gradient scaler
             "position": asdict(self.pos),
             "rng": rngs,
             "world_size": self.denv.world_size,
@@ -404,39 +404,23 @@ class Trainer:
             "strategy": self.strategy.name,
             "frozen": {"keys": frozen, "digest": digest} if frozen else None,
         }
-        self.checkpoints.save(self.pos.step, self.net, self.optimizer, extra, background)
+        self.checkpoints.save(self.pos.step, self.net, self.update, extra, background)
         self.saved_step, self.saved_time = self.pos.step, time.monotonic()
         self.timers.add("checkpoint", start)
         return True
 
     # --- one step -----------------------------------------------------------------------
-    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
-        """Loss of one micro-batch, gradients accumulated (all-reduced only when `sync`)."""
-        if self.cfg.model.channels_last:
-            batch = to_device(batch, self.device, channels_last=True)
-        with self.strategy.sync(sync):
-            with self.autocast():  # the forward only, as autocast asks
-                loss = self.task.loss(self.model, batch)
-            if loss.dim() != 0:
-                raise DataError(
-                    f"task {self.task.name}: loss() must return a scalar (the batch mean), "
-                    f"got shape {list(loss.shape)}"
-                )
-            self.scaler.scale(loss / self.accum if self.accum > 1 else loss).backward()
-        return loss.detach()
+    def where(self) -> Where:
+        """Where training is, for the task (`Task.where`)."""
+        total = self.total_steps
+        return Where(self.pos.step, self.pos.epoch, self.pos.step / total if total else None)
 
     def optimizer_step(self, log_now: bool) -> None:
-        """Clip, step, clear gradients, advance the schedule and the position.
+        """The update rule's step (clip, step, clear, schedule, `after_step`), then the position.
 
         The gradient norm is kept for the log (`log_now`); it stays on the device until then.
         """
-        if self.cfg.train.grad_clip > 0 or log_now:
-            self.scaler.unscale_(self.optimizer)
-            self.grad_norm = self.strategy.grad_norm(self.net, self.cfg.train.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        self.update.step(log_now, self.window, self.pos.step + 1)
         self.pos.step += 1
         self.pos.batch += self.accum
         self.pos.samples += self.global_batch
@@ -444,19 +428,20 @@ class Trainer:
     def validate(self) -> None:
         """The task's metrics on the validation split, logged as a `val` row."""
         start = time.perf_counter()
-        self.last_sums = split_sums(
-            self.task,
-            self.net,
-            self.datasets.val,
-            denv=self.denv,
-            device=self.device,
-            dtype=self.dtype,
-            workers=self.workers,
-            lockstep=self.strategy.sharded,
-            feed=self.val_batches,
-        )
-        self.last_val = self.task.summarize(self.last_sums)
-        self.keep_best()
+        with swapped_in(self.task.averaged, self.net):  # best.pt holds what validation used
+            self.last_sums = split_sums(
+                self.task,
+                self.net,
+                self.datasets.val,
+                denv=self.denv,
+                device=self.device,
+                dtype=self.dtype,
+                workers=self.workers,
+                lockstep=self.strategy.sharded,
+                feed=self.val_batches,
+            )
+            self.last_val = self.task.summarize(self.last_sums)
+            self.keep_best()
         prune = self.denv.is_main and hooks.validated(self.pos.step, self.last_val)
         self.pruned = "pruned" if distributed.broadcast_object(prune) else ""
         self.timers.add("eval", start)
@@ -526,7 +511,8 @@ class Trainer:
             provenance.record(
                 self.run_dir, self.settings.project_root, os.environ, self.data_digest
             )
-            fields = metric_fields(self.task.metrics, self.lr_names, self.task.train_scalars)
+            lr_names = [name.removeprefix("lr_") for name in self.update.lrs() if name != "lr"]
+            fields = metric_fields(self.task.metrics, lr_names, self.update.scalars)
             self.metrics = MetricsLog(
                 self.run_dir,
                 self.cfg.run.tracking,
@@ -608,8 +594,7 @@ class Trainer:
             for batch in self.batches.iterate(self.pos.batch):
                 tick = self.timers.add("data", tick)
                 micro += 1
-                loss = self.forward_backward(batch, sync=micro == self.accum)
-                window.add(loss, self.task.take_records())
+                self.update.add(batch, micro == self.accum, self.where(), window)
                 if micro < self.accum:
                     tick = self.timers.add("compute", tick)
                     continue
@@ -622,12 +607,11 @@ class Trainer:
                     tick = self.timers.synchronized("compute", tick, self.device)
                     stats = {
                         **window.means(self.denv),  # the loss and the task's scalars
-                        "lr": self.optimizer.param_groups[0]["lr"],
-                        **self.named_lrs(),
+                        **self.update.lrs(),
                         "samples_per_s": (self.pos.samples - seen) / (tick - clock),
                     }
-                    if self.grad_norm is not None:
-                        stats["grad_norm"] = self.grad_norm.item()
+                    if self.update.grad_norm is not None:
+                        stats["grad_norm"] = self.update.grad_norm.item()
                     window.reset()
                     seen, clock = self.pos.samples, tick
                     self.log_train(stats)
@@ -651,7 +635,7 @@ class Trainer:
                     break
                 tick = time.perf_counter()
             else:  # batches ran out before the epoch's last step: never retry the same epoch
-                self.optimizer.zero_grad(set_to_none=True)  # no partial step into the next
+                self.update.drop()  # no partial step into the next
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         return "", segment_steps
 
@@ -670,10 +654,6 @@ class Trainer:
         """Count logging windows with a NaN/inf loss; True after `train.nonfinite_patience`."""
         self.nonfinite_windows = 0 if math.isfinite(loss) else self.nonfinite_windows + 1
         return self.nonfinite_windows > self.cfg.train.nonfinite_patience
-
-    def named_lrs(self) -> dict[str, float]:
-        """The current learning rate of each named parameter group."""
-        return {f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups if "name" in g}
 
     def log_train(self, stats: dict[str, float]) -> None:
         """A `train` row in the metrics and a GPU utilisation sample."""
@@ -700,5 +680,8 @@ class Trainer:
             figures = self.settings.figures_dir / self.name
             plot_curves(self.run_dir / "metrics.csv", figures)
             self.task.figures(self.last_sums, figures, "val")
+            if not self.strategy.sharded:  # fsdp: `evaluate` draws them from the whole model
+                with swapped_in(self.task.averaged, self.net):
+                    model_figures_seeded(self.task, self.net, figures)
             self.say(f"figures: {figures}")
         self.say(f"run directory: {self.run_dir}")

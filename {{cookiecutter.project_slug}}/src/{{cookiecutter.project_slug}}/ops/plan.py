@@ -57,6 +57,7 @@ class Model:
     buffer_bytes: int
     block_params: int  # the largest entry of an nn.ModuleList (FSDP's unit); all if none
     frozen_bytes: int | None = None  # of the frozen parameters; None: fp32, 4 B each
+    saved_frozen_bytes: int = 0  # of frozen parameters checkpoints keep (a teacher, not a base)
 
 
 @dataclass
@@ -101,9 +102,13 @@ def read_cluster(path: Path) -> Cluster:
         raise ConfigError(f"{path}: {err}") from None
 
 
-def count(model: nn.Module) -> Model:
-    """Parameter counts of `model` (which may live on the meta device)."""
+def count(model: nn.Module, base: nn.Module | None = None) -> Model:
+    """Parameter counts of `model` (which may live on the meta device).
+
+    `base`: the part `model.init_from` fills, whose frozen parameters checkpoints leave out.
+    """
     params = sum(p.numel() for p in model.parameters())
+    left_out = {id(p) for p in base.parameters()} if base is not None else set()
     blocks = [
         sum(p.numel() for p in block.parameters())
         for module in model.modules()
@@ -117,6 +122,11 @@ def count(model: nn.Module) -> Model:
         block_params=max(blocks, default=params),
         frozen_bytes=sum(
             p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad
+        ),
+        saved_frozen_bytes=sum(
+            p.numel() * p.element_size()
+            for p in model.parameters()
+            if not p.requires_grad and id(p) not in left_out
         ),
     )
 
@@ -138,10 +148,10 @@ def state_bytes(model: Model, strategy: str, world: int, compute_bytes: int) -> 
 def checkpoint_bytes(model: Model) -> float:
     """One checkpoint: fp32 weights and AdamW's two moments of each trainable, and buffers.
 
-    Parameters frozen when the model is built (a LoRA base) are left out of checkpoints (the
-    run's `model.init_from` holds them; engine/strategy.py's `frozen_keys`).
+    A frozen base from `model.init_from` (under LoRA) is left out of checkpoints (those files
+    hold it; engine/strategy.py's `frozen_keys`); other frozen parameters (a teacher) are kept.
     """
-    return float(12 * model.trainable + model.buffer_bytes)
+    return float(12 * model.trainable + model.buffer_bytes + model.saved_frozen_bytes)
 
 
 @dataclass(frozen=True)
@@ -299,7 +309,8 @@ def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) ->
     compute_dtype = dtype.get(cfg.train.precision)
     if cfg.model.init_from:  # built as the run builds it: a frozen base may stay in 16 bits
         init = Path(cfg.model.init_from)
-        model = count(InitialWeights(task, init, cfg.run.seed, compute_dtype).build())
+        net = InitialWeights(task, init, cfg.run.seed, compute_dtype).build()
+        model = count(net, base=task.pretrained_target(net))
     else:
         with torch.device("meta"):
             model = count(task.build_model())

@@ -1,0 +1,236 @@
+"""The recipes of docs/bring-your-own-task.md ("Training that changes as it goes"), as printed.
+
+Each recipe is a whole task module in the guide. It is written here as it stands (its
+`from ..api import` made absolute) into a folder of its own, so the tests check the code a
+reader copies: stopped mid-epoch and resumed bit-exactly (weights, averaged weights,
+optimizer states), with accumulation and bf16 autocast on the CPU, and with 2 processes
+under ddp and fsdp (slow).
+"""
+
+import csv
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import PACKAGE, ROOT, assert_identical, pkg, run_cli
+
+trainer, checkpoint = pkg("engine.trainer"), pkg("engine.checkpoint")
+GUIDE = ROOT / "docs" / "bring-your-own-task.md"
+MODULE = re.compile(r"<!-- write src/\S+/tasks/(\w+)\.py -->\n```python\n(.*?)```", re.S)
+RECIPES = ("averaged", "gan", "distill")
+FAST = ["data.verify_raw=false", "run.progress=log", "run.log_every_steps=2"]
+COMMON = [*FAST, "run.figures=false", "train.epochs=2", "train.batch_size=32"]
+
+
+@pytest.fixture(scope="session")
+def recipes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A package `recipes` with the guide's task modules; importable here and in children."""
+    folder = tmp_path_factory.mktemp("recipes")
+    (folder / "recipes").mkdir()
+    (folder / "recipes" / "__init__.py").write_text("", encoding="utf-8")
+    found = dict(MODULE.findall(GUIDE.read_text(encoding="utf-8")))
+    assert set(RECIPES) <= found.keys(), f"{GUIDE.name} lacks recipes {set(RECIPES) - found.keys()}"
+    for name in RECIPES:
+        code = found[name].replace("from ..api import", f"from {PACKAGE}.api import")
+        (folder / "recipes" / f"{name}.py").write_text(code, encoding="utf-8")
+    sys.path.insert(0, str(folder))
+    return folder
+
+
+def load(name: str, *overrides: str) -> Any:
+    cfg = pkg("task").load_config(None, [f"task.name=recipes.{name}", *COMMON, *overrides])
+    return pkg("task").load_task(cfg, pkg("settings").get_settings())
+
+
+def train(name: str, *overrides: str) -> Any:
+    task = load(name, *overrides)
+    return trainer.train(task.cfg, task)
+
+
+def final_state(run_dir: Path) -> dict[str, Any]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None, f"no checkpoint in {run_dir}"
+    return state
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Bit-identical weights, averaged weights and optimizer states of two runs."""
+    first, second = final_state(a), final_state(b)
+    assert_identical(first["model"], second["model"])
+    assert_identical(first.get("averaged", {}), second.get("averaged", {}))
+    assert first["position"] == second["position"]
+    states = [s["optimizer"] for s in (first, second)]
+    flat = [torch.utils._pytree.tree_leaves(s) for s in states]
+    assert len(flat[0]) == len(flat[1])
+    for x, y in zip(*flat, strict=True):
+        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+
+def stopped_and_resumed(project: Path, name: str, *args: str, steps: int = 5) -> None:
+    whole = train(name, "run.name=whole", *args)
+    assert whole.summary["status"] == "finished"
+    cut = train(name, "run.name=cut", f"run.max_steps_this_segment={steps}", *args)
+    assert cut.summary["step"] == steps
+    train(name, "run.name=cut", *args)
+    assert_same_run(project / "runs" / "whole", project / "runs" / "cut")
+
+
+def rows(run_dir: Path, phase: str) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [row for row in csv.DictReader(f) if row["phase"] == phase]
+
+
+ACCUM_BF16 = ["train.grad_accum_steps=2", "train.precision=bf16"]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_each_recipe_resumes_bit_exactly_with_accumulation_and_bf16(
+    project: Path, recipes: Path, name: str
+) -> None:
+    del recipes
+    stopped_and_resumed(project, name, *ACCUM_BF16, "train.lr=0.001")
+
+
+def test_where_is_the_same_for_each_micro_batch_of_a_step(project: Path, recipes: Path) -> None:
+    del project, recipes
+    task, seen = load("averaged", "train.grad_accum_steps=2", "run.name=where"), []
+    loss = task.loss
+    task.loss = lambda model, batch: seen.append(task.where) or loss(model, batch)
+    result = trainer.train(task.cfg, task)
+    total = result.summary["total_steps"]
+    assert [w.step for w in seen] == [s for s in range(total) for _ in range(2)]
+    assert seen[0].fraction == 0.0 and seen[-1].fraction == (total - 1) / total
+    assert {w.epoch for w in seen} == {0, 1}
+
+
+def test_averaged_weights_are_what_validation_evaluate_and_export_use(
+    project: Path, recipes: Path
+) -> None:
+    del recipes
+    run = project / "runs" / "ema"
+    train("averaged", "run.name=ema", "run.best_metric=loss")
+    state = final_state(run)
+    assert state["averaging"] == {"updates": state["position"]["step"], "use": True}
+    model = load("averaged").build_model()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert state["averaged"].keys() == trainable
+    assert any(not torch.equal(state["averaged"][n], state["model"][n]) for n in trainable)
+    best = torch.load(run / "best.pt", weights_only=True)  # validation used the averages
+    assert_identical({n: best["model"][n] for n in trainable}, state["averaged"])
+    out = run_cli("export", "--run", "ema", project=project, env=recipes_env(project))
+    assert out.returncode == 0, out.stdout + out.stderr
+    exported = next(run.glob("export/*.safetensors"))
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    assert_identical({n: load_file(exported)[n] for n in trainable}, state["averaged"])
+    # Without `use` the trained weights stay what validation scores: another val loss.
+    train("averaged", "run.name=plain", "task.use_ema=false")
+    averaged, plain = rows(run, "val")[-1]["loss"], rows(project / "runs" / "plain", "val")[-1]
+    assert averaged != plain["loss"]
+    manual = pkg("engine.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
+    model.load_state_dict({**state["model"], **state["averaged"]})
+    assert manual["loss"] == pytest.approx(manual_loss(model), rel=1e-6)
+
+
+def manual_loss(model: torch.nn.Module) -> float:
+    """The averaged recipe's test loss, computed here from a model and the task's data."""
+    data = load("averaged").datasets(Path()).test
+    inputs, labels = data.tensors
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model.eval()(inputs).float(), labels).item()
+
+
+def recipes_env(project: Path) -> dict[str, str]:
+    """A child process's PYTHONPATH with the recipes package (cli_env sets the rest)."""
+    del project
+    folder = next(p for p in sys.path if Path(p, "recipes", "gan.py").is_file())
+    return {"PYTHONPATH": ":".join([str(ROOT / "src"), str(ROOT / "tests"), folder])}
+
+
+def test_the_gan_steps_both_optimizers_on_every_real_batch(project: Path, recipes: Path) -> None:
+    del recipes
+    task, seen = load("gan", "train.grad_accum_steps=2", "run.name=gan"), []
+    named_loss = task.named_loss
+
+    def counted(name: str, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        seen.append((name, batch[0].sum().item()))
+        return named_loss(name, model, batch)
+
+    task.named_loss = counted
+    result = trainer.train(task.cfg, task)
+    steps = result.summary["step"]
+    real = [total for name, total in seen if name == "discriminator"]
+    assert len(real) == 2 * steps  # every micro-batch of every step
+    assert real == [total for name, total in seen if name == "generator"]
+    assert len(set(real)) == len(real)  # each a batch of its own
+    state = final_state(project / "runs" / "gan")
+    counts = {int(s["step"]) for s in state["optimizer"][0]["state"].values()}
+    counts |= {int(s["step"]) for s in state["optimizer"][1]["state"].values()}
+    assert counts == {steps}  # each optimizer counted every step
+    train_rows = rows(project / "runs" / "gan", "train")
+    last = train_rows[-1]
+    parts = float(last["loss_discriminator"]) + float(last["loss_generator"])
+    assert float(last["loss"]) == pytest.approx(parts, rel=1e-5)
+    first = train_rows[0]  # (the last is 0: the cosine schedule's end)
+    assert float(first["lr_discriminator"]) == float(first["lr_generator"]) > 0
+
+
+def test_the_gan_draws_its_figure_from_the_model_the_same_each_time(
+    project: Path, recipes: Path
+) -> None:
+    del recipes
+    train("gan", "run.name=drawn", "run.figures=true", "train.epochs=1")
+    figure = pkg("settings").get_settings().figures_dir / "drawn" / "generated.png"
+    first = figure.read_bytes()
+    pkg("engine.evaluate").evaluate_run(
+        project / "runs" / "drawn", pkg("settings").get_settings(), "cpu"
+    )
+    assert figure.read_bytes() == first  # seeded: the same weights draw the same figure
+
+
+def test_a_frozen_teacher_is_kept_once_and_evaluates_and_exports(
+    project: Path, recipes: Path
+) -> None:
+    del recipes
+    train("distill", "run.name=distill")
+    state = final_state(project / "runs" / "distill")
+    teacher = {k for k in state["model"] if k.startswith("teacher.")}
+    assert teacher and state["frozen"] is None
+    assert len(state["optimizer"]["state"]) == len(
+        [k for k in state["model"] if k.startswith("student.")]
+    )
+    result = pkg("engine.evaluate").evaluate_run(
+        project / "runs" / "distill", pkg("settings").get_settings(), "cpu"
+    )
+    assert 0.0 <= result["accuracy"] <= 1.0
+    out = run_cli("export", "--run", "distill", project=project, env=recipes_env(project))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+TWO = [
+    ("averaged", ["dist.strategy=fsdp", "train.grad_accum_steps=2"]),
+    ("averaged", ["train.precision=bf16"]),
+    ("gan", ["train.grad_accum_steps=2", "train.precision=bf16"]),
+    ("gan", ["dist.strategy=fsdp"]),
+    ("distill", ["dist.strategy=fsdp", "train.precision=bf16"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "extra"), TWO, ids=[f"{n}-{'-'.join(e)}" for n, e in TWO])
+def test_recipes_on_two_processes_resume_exactly(
+    project: Path, recipes: Path, name: str, extra: list[str]
+) -> None:
+    del recipes
+    args = [f"task.name=recipes.{name}", *COMMON, "train.lr=0.001", *extra]
+    segment = "run.max_steps_this_segment=5"
+    for run in (["run.name=whole"], ["run.name=cut", segment], ["run.name=cut"]):
+        out = run_cli("train", *args, *run, project=project, torchrun=2, env=recipes_env(project))
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed from step 5" in out.stdout
+    runs = project / "runs"
+    assert_same_run(runs / "whole", runs / "cut")
