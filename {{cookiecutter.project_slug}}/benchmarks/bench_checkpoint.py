@@ -150,6 +150,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
     y = torch.randint(0, 4, (64,), device=device)
     torch.nn.functional.cross_entropy(model(x), y).backward()
     optimizer.step()  # the Adam moments exist now
+    stepped = pkg("engine.strategy").Optimizers([optimizer])  # saved beside the model
     saver = checkpoint_io.Checkpointer(runs / name, strategy, denv, keep=1, say=print)
     saver.run_id = checkpoint.run_id(runs)
     step = 0
@@ -157,7 +158,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
     def save(background: bool) -> None:
         nonlocal step
         step += 1
-        saver.save(step, net, optimizer, {"step": step}, background)
+        saver.save(step, net, stepped, {"step": step}, background)
 
     size = 0
     blocking, plain = [], []
@@ -176,8 +177,8 @@ def measure(args: argparse.Namespace, name: str, device: torch.device, runs: Pat
         behind.append(time.perf_counter() - start)
 
     def load() -> None:
-        state = saver.load_latest(net, optimizer)
-        strategy.load(net, optimizer, state, "bench")
+        state = saver.load_latest(net, stepped)
+        strategy.load(net, stepped, state, "bench")
 
     cold = drop_caches()
     loaded = timed(device, load)

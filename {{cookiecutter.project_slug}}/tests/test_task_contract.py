@@ -94,13 +94,33 @@ def evaluated(task, model, batch) -> tuple[dict, dict]:
     return sums, {name: torch.cat(rows) for name, rows in kept.items()}
 
 
+def losses(task, model, batch) -> dict[str, torch.Tensor]:
+    """The training loss, or each named optimizer's (a task whose optimizer() is a dict)."""
+    made = task.optimizer(model)
+    if isinstance(made, dict):
+        return {f"named_loss({n!r})": task.named_loss(n, model, batch) for n in made}
+    return {"loss()": task.loss(model, batch)}
+
+
+def differs(key: str, parts: tuple[int, int], whole: torch.Tensor, added: torch.Tensor) -> str:
+    """Why `evaluate`'s `key` of two batches does not add up to the whole batch's."""
+    largest = (added.double() - whole.double()).abs().max().item()
+    return (
+        f"evaluate's {key!r} for one batch of {sum(parts)} samples differs from the sum over "
+        f"batches of {parts[0]} and {parts[1]} by up to {largest:.3g}: it depends on how the "
+        "samples are batched. Return sums or counts (not means), and draw no random numbers "
+        "per batch (fix them per sample in the data set); keep per-sample rows with self.keep"
+    )
+
+
 def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
     samples = first(task.datasets(task.processed_dir).val, 8)
     n = len(samples)
+    parts = (n // 2, n - n // 2)
     torch.manual_seed(0)
     model = task.build_model().eval()
     with torch.no_grad():
-        loss = task.loss(model, task.collate(samples))
+        found = losses(task, model, task.collate(samples))
         task.take_records()
         whole, kept = evaluated(task, model, task.collate(samples))
         halves, kept_halves = zip(
@@ -110,24 +130,28 @@ def test_loss_is_a_finite_scalar_and_sums_add_up(task) -> None:
             ),
             strict=True,
         )
-    assert loss.dim() == 0, "loss() must return the batch mean, a scalar"
-    assert torch.isfinite(loss)
+    for name, loss in found.items():
+        assert loss.dim() == 0, f"task {task.name}: {name} must return the batch mean, a scalar"
+        assert torch.isfinite(loss), f"task {task.name}: {name} is {loss.item()}"
     assert whole.keys() == halves[0].keys()
     for key, value in whole.items():
         added = halves[0][key] + halves[1][key]
         # float32 sums in another order: equal up to rounding
-        torch.testing.assert_close(
-            added.double(),
-            value.double(),
-            rtol=1e-5,
-            atol=1e-5,
-            msg=f"task {task.name}: evaluate's {key!r} of two half batches does not add up to "
-            "the whole batch's: evaluate must return sums or counts (they are added over "
-            "batches and processes), not means; keep per-sample rows (self.keep) for others",
-        )
+        close = torch.allclose(added.double(), value.double(), rtol=1e-5, atol=1e-5)
+        assert close, f"task {task.name}: {differs(key, parts, value, added)}"
     for name, rows in kept.items():  # kept rows: one per sample, whatever the batches
         halves_rows = torch.cat([part[name] for part in kept_halves])
-        torch.testing.assert_close(halves_rows, rows, msg=f"kept {name!r}")
+        close = halves_rows.shape == rows.shape and torch.allclose(halves_rows, rows)
+        assert close, (
+            f"task {task.name}: the rows kept as {name!r} for one batch of {n} samples differ "
+            f"from those of batches of {parts[0]} and {parts[1]}"
+            + (
+                f" by up to {(halves_rows - rows).abs().max().item():.3g}"
+                if halves_rows.shape == rows.shape
+                else f" in shape ({list(rows.shape)} and {list(halves_rows.shape)})"
+            )
+            + ": keep one row per sample, computed from that sample alone"
+        )
     metrics = task.summarize({**whole, **kept})
     assert list(metrics) == list(task.metrics)
     assert all(isinstance(v, float) for v in metrics.values())

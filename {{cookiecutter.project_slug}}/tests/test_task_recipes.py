@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import PACKAGE, ROOT, assert_identical, pkg, run_cli
+from test_task_contract import test_loss_is_a_finite_scalar_and_sums_add_up as contract
 
 trainer, checkpoint = pkg("engine.trainer"), pkg("engine.checkpoint")
 GUIDE = ROOT / "docs" / "bring-your-own-task.md"
@@ -93,6 +94,28 @@ def test_each_recipe_resumes_bit_exactly_with_accumulation_and_bf16(
 ) -> None:
     del recipes
     stopped_and_resumed(project, name, *ACCUM_BF16, "train.lr=0.001")
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_each_recipe_keeps_the_task_contract(recipes: Path, name: str) -> None:
+    del recipes
+    contract(load(name))
+
+
+def test_the_contract_names_what_differs_when_evaluation_draws_per_batch(recipes: Path) -> None:
+    """The mistake the contract exists for: noise drawn per batch in `evaluate`."""
+    del recipes
+    task = load("gan")
+    fixed = task.evaluate
+
+    def per_batch(model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        real, noise = batch
+        return fixed(model, (real, torch.randn_like(noise)))
+
+    task.evaluate = per_batch
+    message = r"'loss' for one batch of 8 samples differs from the sum over batches of 4 "
+    with pytest.raises(AssertionError, match=message + r"and 4 by up to \d"):
+        contract(task)
 
 
 def test_where_is_the_same_for_each_micro_batch_of_a_step(project: Path, recipes: Path) -> None:

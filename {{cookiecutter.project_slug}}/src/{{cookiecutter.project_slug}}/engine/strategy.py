@@ -12,6 +12,7 @@ asks which strategy it has.
 import hashlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +50,14 @@ class Stepped(Protocol):
     def averaged_tensors(self) -> dict[str, torch.Tensor]:
         """The averaged weights by parameter name (empty when the task averages none)."""
         ...
+
+
+@dataclass
+class Optimizers:
+    """Optimizers alone, without averaged weights: what `plan` and the benchmarks save."""
+
+    optimizers: list[torch.optim.Optimizer]
+    averaged_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def place(net: nn.Module, device: torch.device) -> nn.Module:

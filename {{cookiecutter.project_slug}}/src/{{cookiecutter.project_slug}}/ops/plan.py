@@ -29,7 +29,7 @@ from ..config import Config
 from ..engine.checkpoint_io import Checkpointer, slow_save
 from ..engine.distributed import DistEnv
 from ..engine.initial_weights import InitialWeights
-from ..engine.strategy import create
+from ..engine.strategy import Optimizers, create
 from ..errors import ConfigError
 from ..settings import Settings
 from ..task import load_task
@@ -195,7 +195,8 @@ def _time_sample(cfg: Config, folder: Path, megabytes: int) -> tuple[float, floa
     floats = megabytes * 250_000  # fp32 values in `megabytes`, in tensors of up to 16 MiB
     chunks = [min(4 << 20, floats - i) for i in range(0, floats, 4 << 20)]
     net = nn.ParameterList(nn.Parameter(torch.rand(n)) for n in chunks)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.0)  # no state: the sample is the weights
+    # No optimizer state: the sample is the weights.
+    optimizer = Optimizers([torch.optim.SGD(net.parameters(), lr=0.0)])
     denv = DistEnv()
     strategy = create(cfg, denv, torch.device("cpu"))
     with tempfile.TemporaryDirectory(dir=folder, prefix=".plan-") as tmp:
