@@ -202,6 +202,18 @@ def test_the_gan_steps_both_optimizers_on_every_real_batch(project: Path, recipe
     assert float(first["lr_discriminator"]) == float(first["lr_generator"]) > 0
 
 
+def test_resuming_with_other_optimizers_is_one_line(project: Path, recipes: Path) -> None:
+    del project, recipes
+    train("gan", "run.name=changed", "run.max_steps_this_segment=3")
+    task = load("gan", "run.name=changed")
+    task.optimizer = lambda model: torch.optim.Adam(model.parameters())
+    task.loss = lambda model, batch: task.named_loss("generator", model, batch)
+    with pytest.raises(
+        pkg("errors").CheckpointError, match=r"holds 2 schedule\(s\), the task now 1"
+    ):
+        trainer.train(task.cfg, task)
+
+
 def test_the_gan_draws_its_figure_from_the_model_the_same_each_time(
     project: Path, recipes: Path
 ) -> None:
@@ -232,6 +244,17 @@ def test_a_frozen_teacher_is_kept_once_and_evaluates_and_exports(
     assert 0.0 <= result["accuracy"] <= 1.0
     out = run_cli("export", "--run", "distill", project=project, env=recipes_env(project))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gan_with_fp16_loss_scaling_resumes_exactly_on_a_gpu(
+    project: Path, recipes: Path
+) -> None:
+    """One gradient scaler for both optimizers: each unscaled and stepped, one update a step."""
+    del recipes
+    stopped_and_resumed(project, "gan", "train.device=cuda", "train.precision=fp16")
+    assert final_state(project / "runs" / "whole")["scaler"]["scale"] > 0
 
 
 TWO = [

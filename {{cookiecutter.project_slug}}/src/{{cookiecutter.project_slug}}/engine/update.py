@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..config import Config
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..task import Batch, Task, Where
 from . import optim
 from .runtime import autocast_dtype
@@ -121,9 +121,9 @@ class Update:
 
     def restore(self, state: dict[str, Any], run: str, load: Callable[[], None]) -> None:
         """Optimizers, schedules, scaler and averaged weights from a checkpoint's `state`."""
-        saved = state["scheduler"] if self.several else [state["scheduler"]]
-        if not isinstance(saved, list) or len(saved) != len(self.schedules):
-            raise DataError(
+        saved = state["scheduler"] if isinstance(state["scheduler"], list) else [state["scheduler"]]
+        if len(saved) != len(self.schedules):
+            raise CheckpointError(
                 f"run {run}'s checkpoint holds {len(saved)} schedule(s), the task now "
                 f"{len(self.schedules)}: the optimizers changed; use another run.name"
             )
@@ -155,8 +155,9 @@ class Update:
             with self.autocast():  # the forward only, as autocast asks
                 loss = loss_of(self.model, batch)
             if loss.dim() != 0:
+                which = "named_loss()" if self.several else "loss()"
                 raise DataError(
-                    f"task {self.task.name}: the loss must be a scalar (the batch mean), "
+                    f"task {self.task.name}: {which} must return a scalar (the batch mean), "
                     f"got shape {list(loss.shape)}"
                 )
             self.scaler.scale(loss / self.accum if self.accum > 1 else loss).backward()
