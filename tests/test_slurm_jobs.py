@@ -649,6 +649,30 @@ def test_concurrent_two_rank_array_tasks_on_one_node_do_not_collide(
         assert "2 process(es) via slurm" in log
 
 
+def test_array_tasks_that_share_a_run_name_never_share_its_folder(project: JobProject) -> None:
+    # Two tasks of one array train into the same run.name at once: the first to lock the run
+    # folder trains; the other stops at once with one line naming the holder (its job, PID
+    # and host), writes nothing there, and is not requeued (exit 2, a setting to change).
+    job = project.sbatch(
+        "--array=0-1", "slurm/train.sbatch", "train.epochs=2", "run.figures=false",
+        "run.name=shared", PROBE_STEP_DELAY="0.2",
+    )  # fmt: skip
+    project.finished(job)
+    infos = [project.cluster.job(f"{job}_{task}") for task in (0, 1)]
+    logs = {i["JobId"]: project.log(f"{project.slug}-{i['JobId']}") for i in infos}
+    states = sorted(i["JobState"] for i in infos)
+    assert states == ["COMPLETED", "FAILED"], logs
+    (winner,) = [i["JobId"] for i in infos if i["JobState"] == "COMPLETED"]
+    (loser,) = [i for i in infos if i["JobState"] == "FAILED"]
+    refused = [line for line in logs[loser["JobId"]].splitlines() if "is in use by" in line]
+    assert len(refused) == 1, logs[loser["JobId"]]
+    assert re.search(rf"runs/shared is in use by job {winner}, pid \d+ on \S+;", refused[0])
+    assert (loser["ExitCode"], loser["Restarts"]) == ("2:0", "0")
+    with (project.path / "runs" / "shared" / "metrics.csv").open() as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row["phase"] == "train"]
+    assert steps == sorted(set(steps)), "two writers in one metrics.csv"
+
+
 def test_make_submit_refuses_a_dirty_tree_unless_told(project: JobProject) -> None:
     args = "ARGS=train.epochs=1 run.name=dirty run.figures=false"
     notes = project.path / "notes.txt"

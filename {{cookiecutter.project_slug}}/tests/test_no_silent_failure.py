@@ -176,6 +176,39 @@ def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) ->
     assert trainer.train(task.cfg, task).exit_code == 0  # the lock goes with its holder
 
 
+def test_a_lock_whose_holder_was_killed_is_taken_over_with_a_line(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = project / "runs" / "orphan"
+    code = (
+        f"import sys\nfrom pathlib import Path\nfrom {PACKAGE}.engine.checkpoint import "
+        f"lock_run_dir\nwith lock_run_dir(Path({str(run_dir)!r})):\n"
+        "    print('held', flush=True)\n    sys.stdin.read()\n"
+    )
+    env = cli_env(project, {"SLURM_JOB_ID": "4242"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()  # kill -9: the system drops the lock, the file still names the holder
+    holder.communicate()
+    task = blobs(*FAST, "run.name=orphan", "train.epochs=1")
+    assert trainer.train(task.cfg, task).exit_code == 0
+    said = capsys.readouterr().out
+    assert f"was held by job 4242, pid {holder.pid} on " in said
+    assert "ended without releasing it; taking it over" in said
+    # A run that ended in order leaves nothing to take over.
+    task = blobs(*FAST, "run.name=orphan", "train.epochs=2")
+    assert trainer.train(task.cfg, task).exit_code == 0
+    assert "taking it over" not in capsys.readouterr().out
+    assert (run_dir / ".lock").read_text(encoding="utf-8") == ""
+
+
 def test_metrics_history_survives_a_failure_while_resuming(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

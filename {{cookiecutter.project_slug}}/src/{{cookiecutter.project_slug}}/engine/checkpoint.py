@@ -72,34 +72,50 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def lock_run_dir(run_dir: Path) -> Iterator[None]:
+def lock_run_dir(run_dir: Path, say: Callable[[str], None] = print) -> Iterator[None]:
     """Hold `run_dir/.lock` for one job; a second job on the same run name stops with one line.
 
     The lock is a POSIX record lock (also honoured over NFS): the system releases it when the
-    holder dies, so a killed job never leaves a stale lock behind. The file names the holder.
+    holder dies, so a killed job never leaves a stale lock behind. The file names the holder
+    (Slurm job, PID, host) while it runs and is emptied when it ends, so a name found there by
+    the next holder is one that died (kill -9, a lost node): it is taken over, said in a line.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / ".lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    locked = False
     try:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except OSError as err:
             if err.errno == errno.ENOLCK:  # a file system without locks: carry on unprotected
                 print(f"warning: cannot lock {path} ({err})", file=sys.stderr)
             else:
-                holder = path.read_text(encoding="utf-8").strip() or "another process"
+                holder = _holder(fd) or "another process"
                 raise ConfigError(
                     f"run.name: run directory {run_dir} is in use by {holder}; wait for it or "
                     "choose another run.name"
                 ) from None
+        if gone := _holder(fd):
+            say(
+                f"note: run directory {run_dir} was held by {gone}, which ended without "
+                "releasing it; taking it over"
+            )
         job = os.environ.get("SLURM_JOB_ID")
         holder = f"{'job ' + job + ', ' if job else ''}pid {os.getpid()} on {socket.gethostname()}"
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode() + b"\n", 0)
         yield
     finally:
+        if locked:  # this process ends its hold (also by an error): nothing to take over
+            os.ftruncate(fd, 0)
         os.close(fd)  # closing releases the lock
+
+
+def _holder(fd: int) -> str:
+    """The holder a lock file names (empty when none)."""
+    return os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
 
 
 @contextlib.contextmanager

@@ -261,7 +261,7 @@ class Trainer:
         problem = None
         if self.denv.is_main:
             try:
-                self._held.enter_context(checkpoint.lock_run_dir(self.run_dir))
+                self._held.enter_context(checkpoint.lock_run_dir(self.run_dir, self.say))
             except ConfigError as err:
                 problem = str(err)
         if problem := distributed.broadcast_object(problem):
