@@ -7,6 +7,8 @@ Llama-3.2 models do), one does not. Needs the `hf` extra (transformers) and, for
 check, `peft`.
 """
 
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,13 +44,15 @@ TRAIN = [
 ]
 
 
-def hub_folder(folder: Path, tied: bool, dtype: torch.dtype = torch.float32) -> Path:
+def hub_folder(
+    folder: Path, tied: bool, dtype: torch.dtype = torch.float32, vocab: int = 320
+) -> Path:
     """A tiny causal-LM folder in the hub layout, as `save_pretrained` writes one."""
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=320,
+        vocab_size=vocab,
         special_tokens=["<eos>"],
         initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
     )
@@ -253,3 +257,54 @@ def test_lora_exports_merged_and_as_peft_adapters(hub_project: Path) -> None:
         plain = transformers.AutoModelForCausalLM.from_pretrained(hub_project / "models" / "base")
         assert not torch.allclose(merged(ids).logits, plain(ids).logits, atol=1e-4)  # trained
         torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("hub_project", ["untied"], indirect=True)
+def test_token_shards_are_tied_to_their_tokenizer_and_settings(hub_project: Path) -> None:
+    """Data cut by one tokenizer never trains a model with another; the same one is fine."""
+    shutil.copytree(hub_project / "models" / "base", hub_project / "models" / "copy")
+    hub_folder(hub_project / "models" / "other", tied=False, vocab=300)
+    args = [*TRAIN, "train.epochs=1", "run.max_steps_this_segment=2"]
+    same = run_cli("train", *args, "model.init_from=models/copy", project=hub_project)
+    assert same.returncode == 0, same.stdout + same.stderr  # the same tokenizer, elsewhere
+    other = run_cli("train", *args, "model.init_from=models/other", project=hub_project)
+    assert other.returncode == 1
+    (line,) = [x for x in other.stderr.splitlines() if x.startswith("error:")]
+    assert "made with tokenizer" in line
+    assert str(hub_project / "models" / "base") in line
+    assert str(hub_project / "models" / "other") in line
+    longer = run_cli(
+        "train", *args, "model.init_from=models/base", "task.context=48", project=hub_project
+    )
+    assert longer.returncode == 1 and "made with context 32, this run has 48" in longer.stderr
+
+
+def test_hub_inputs_that_would_mislead_are_one_line_each(project: Path) -> None:
+    raw = project / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw / CORPUS.name).write_bytes(CORPUS.read_bytes())
+    base = hub_folder(project / "models" / "base", tied=True)
+    args = [*TRAIN, "model.init_from=models/base"]
+
+    def error(*extra: str, code: int) -> str:
+        done = run_cli("prepare", *args, *extra, project=project)
+        lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+        assert (done.returncode, len(lines)) == (code, 1), done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        return lines[0]
+
+    # A text outside data/raw: the raw data's record and guard would be bypassed.
+    for outside in ("../../pyproject.toml", "/etc/hostname"):
+        assert "lies outside data/raw" in error(f"task.text={outside}", code=2)
+    # A corpus that is not UTF-8: the file and the byte.
+    text = CORPUS.read_bytes()
+    (raw / "latin1.txt").write_bytes(text[:1000] + "Müller".encode("latin-1") + text[1000:])
+    assert f"latin1.txt: not UTF-8 text at byte {1000 + 1}" in error("task.text=latin1.txt", code=1)
+    # Quantized weights: what is supported, named.
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "torch_dtype": "int8"}))
+    assert "holds int8 weights; hub_lm trains from float32, float16, bfloat16" in error(code=2)
+    (base / "config.json").write_text(json.dumps(config))
+    # A model folder without its tokenizer: the files looked for.
+    (base / "tokenizer.json").unlink()
+    assert "has no tokenizer (none of tokenizer.json, tokenizer.model" in error(code=2)

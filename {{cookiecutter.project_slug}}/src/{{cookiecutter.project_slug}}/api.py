@@ -10,7 +10,9 @@ edit to your research code. What each name is:
 - averaged weights: `EMA` (set as `self.averaged`, updated in `after_step`);
 - helpers for a task's data: `split_indices`, `class_labels`, `sample_generator` (the random
   numbers of the batch being loaded), `ShardReader` and `write_shards` (many small files in
-  a few shards);
+  a few shards), `write_made_with` and `check_made_with` (the settings and files that shaped
+  processed data, checked when it is used; `files_digest` of a tokenizer's files), `raw_text`
+  and `read_utf8` (a text file below data/raw, and its text or the byte that is not UTF-8);
 - streams (a train split without length or random access): `stream_part` (which share of
   the processes and workers this copy reads), `ShuffleBuffer` (a seeded shuffle whose
   contents resume exactly), `TarShards` (WebDataset-style tar files), `hf_stream` (a Hugging
@@ -27,10 +29,12 @@ edit to your research code. What each name is:
 from .blocks.transformer import CausalLM, LoRA
 from .config import Config
 from .data.hf_streams import hf_stream
+from .data.made_with import check_made_with, files_digest, write_made_with
 from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
 from .data.streams import ShuffleBuffer, StreamPart, stream_part
 from .data.tars import TarShards, write_tar_shards
+from .data.text import raw_text, read_utf8
 from .engine.averaging import EMA
 from .engine.distributed import gather_with_grad
 from .errors import ConfigError, DataError
@@ -69,14 +73,19 @@ __all__ = [
     "Task",
     "Where",
     "build_model",
+    "check_made_with",
     "class_labels",
+    "files_digest",
     "gather_with_grad",
     "hf_stream",
     "need_torchmetrics",
+    "raw_text",
+    "read_utf8",
     "read_weights",
     "sample_generator",
     "split_indices",
     "stream_part",
+    "write_made_with",
     "write_shards",
     "write_tar_shards",
 ]
