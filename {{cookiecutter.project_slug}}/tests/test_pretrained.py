@@ -1,13 +1,18 @@
 """`model.init_from` in every layout a model is shipped in, and `export` of a run's weights."""
 
 import json
+import resource
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_identical, blobs, final_weights, pkg, run_cli
+from conftest import PACKAGE, assert_identical, blobs, cli_env, final_weights, pkg, run_cli
 
 trainer, checkpoint, pretrained = (
     pkg("engine.trainer"),
@@ -168,6 +173,82 @@ def test_export_replaces_only_its_own_folder(project: Path) -> None:
     trainer.train(other.cfg, other)
     with pytest.raises(pkg("errors").ConfigError, match="not an earlier export of run other"):
         export.export_run(project / "runs" / "other", first, settings)
+
+
+def test_a_second_export_keeps_what_the_user_added(project: Path) -> None:
+    export, settings = pkg("ops.export"), pkg("settings").get_settings()
+    task = blobs(*FAST, "run.name=kept", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    run_dir = project / "runs" / "kept"
+    out = export.export_run(run_dir, run_dir / "export", settings)
+    written = json.loads((out / "export.json").read_text())["files"]
+    assert sorted(p.name for p in out.iterdir()) == written
+    (out / "notes.md").write_text("evaluated on the new set\n")
+    (out / "eval").mkdir()
+    (out / "eval" / "scores.json").write_text("{}\n")
+    export.export_run(run_dir, out, settings, dtype="bf16")
+    assert (out / "notes.md").read_text() == "evaluated on the new set\n"
+    assert (out / "eval" / "scores.json").read_text() == "{}\n"
+    assert json.loads((out / "export.json").read_text())["dtype"] == "bf16"
+    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.bfloat16}
+    # A file of the user's that export would now write: refused, nothing changed.
+    (out / "config.toml").unlink()
+    record = json.loads((out / "export.json").read_text())
+    record["files"].remove("config.toml")
+    (out / "export.json").write_text(json.dumps(record))
+    (out / "config.toml").write_text("mine\n")
+    with pytest.raises(pkg("errors").ConfigError, match=r"config\.toml is yours"):
+        export.export_run(run_dir, out, settings)
+    assert (out / "config.toml").read_text() == "mine\n"
+
+
+def test_leftovers_of_a_killed_export_go_and_a_running_ones_stay(project: Path) -> None:
+    export, settings = pkg("ops.export"), pkg("settings").get_settings()
+    task = blobs(*FAST, "run.name=left", "train.epochs=1")
+    trainer.train(task.cfg, task)
+    run_dir = project / "runs" / "left"
+    host = socket.gethostname()
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    killed.wait()
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        gone = run_dir / f".export.tmp-{host}-{killed.pid}"
+        alive = run_dir / f".export.tmp-{host}-{running.pid}"
+        for folder in (gone, alive):
+            folder.mkdir()
+            (folder / "model.safetensors").write_bytes(b"half")
+        export.export_run(run_dir, run_dir / "export", settings)
+        assert not gone.exists()
+        assert (alive / "model.safetensors").read_bytes() == b"half"
+    finally:
+        running.kill()
+        running.wait()
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(project: Path) -> None:
+    """A file-size limit makes the weights' write fail as a full disk does (in safetensors)."""
+    task = blobs(*FAST, "run.name=full", "train.epochs=1", "model.hidden=256")
+    trainer.train(task.cfg, task)
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    done = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "export", "--run", "full"],
+        cwd=project,
+        env=cli_env(project),
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        check=False,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert f"writing into {project / 'runs' / 'full'} failed (" in done.stderr
+    assert "GB free there" in done.stderr
+    assert sorted(p.name for p in (project / "runs" / "full").iterdir() if "export" in p.name) == []
 
 
 def test_export_without_weights_gets_one_line(project: Path) -> None:

@@ -19,10 +19,13 @@ on processed data that `prepare` has changed since (another split, other files) 
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -192,11 +195,15 @@ def swapped_in(target: Path) -> Iterator[Path]:
     """A fresh temporary folder beside `target` that replaces it when the block succeeds.
 
     All or nothing: an error in the block leaves `target` as it was (or absent); the previous
-    `target` is removed only once the new one is in place.
+    `target` is removed only once the new one is in place. The temporary folders are named by
+    host and PID, so leftovers of a writer that was killed (`kill -9`) are removed by the next
+    writer, and never those of a writer that still runs (`remove_leftovers`).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    remove_leftovers(target)
+    me = f"{socket.gethostname()}-{os.getpid()}"
+    tmp = target.with_name(f".{target.name}.tmp-{me}")
+    old = target.with_name(f".{target.name}.old-{me}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -207,6 +214,39 @@ def swapped_in(target: Path) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _gone(host: str, pid: str) -> bool:
+    """Whether the writer `pid` on `host` has ended (only this host's can be known)."""
+    if host not in {"", socket.gethostname()} or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: it runs
+        return False
+    return False
+
+
+def remove_leftovers(target: Path) -> list[Path]:
+    """Temporary folders beside `target` whose writer has ended: removed; returned.
+
+    A writer killed between its two renames leaves the previous `target` as `.old-`: that is
+    put back in place rather than removed.
+    """
+    removed = []
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(tmp|old)-(?:(.+)-)?(\d+)")
+    for path in sorted(target.parent.glob(f".{glob.escape(target.name)}.*-*")):
+        found = pattern.fullmatch(path.name)
+        if not found or not _gone(found[2] or "", found[3]):
+            continue
+        if found[1] == "old" and not target.exists():
+            path.rename(target)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _copy_hashed(source: Path, target: Path) -> str:

@@ -21,6 +21,7 @@ optimizer) and from `model.init_from` (a frozen base) one output shard at a time
 memory is about one shard. Written into a temporary folder and renamed into place.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -45,9 +46,13 @@ HUB_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # config.json's names
 MODEL_FILE = SINGLE
 ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-# Written into every export folder: the run it came from. `export` replaces only a folder that
-# holds this record for the same run; any other existing path is refused, never overwritten.
+# Written into every export folder: the run it came from and the files export wrote there.
+# `export` replaces only a folder that holds this record for the same run, and within it only
+# the files the record lists: what the user added (notes, an evaluation) stays. Any other
+# existing path is refused, never overwritten.
 RECORD = "export.json"
+# What an export made before the record listed its files may have written (other files stay).
+EARLIER = (RECORD, "config.toml", "config.json", INDEX, ADAPTER_CONFIG)
 
 
 def check_out(out_dir: Path, run_dir: Path) -> None:
@@ -63,6 +68,57 @@ def check_out(out_dir: Path, run_dir: Path) -> None:
             f"--out {out_dir}: exists and is not an earlier export of run {run_dir.name} "
             f"(no {RECORD} naming it); export writes only a new folder or replaces its own"
         )
+
+
+def added_by_user(out_dir: Path, init: Path | None) -> list[str]:
+    """Names in an earlier export folder that export did not write (kept by the next one)."""
+    if not out_dir.is_dir():
+        return []
+    record = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))  # `check_out` read it
+    written = record.get("files")
+    if not isinstance(written, list):  # an export of an earlier release: its kinds of file
+        hub = {p.name for p in init.iterdir()} if init is not None and init.is_dir() else set()
+        written = [*EARLIER, *hub]
+        written += [p.name for p in out_dir.glob("*.safetensors")]
+    return sorted(p.name for p in out_dir.iterdir() if p.name not in written)
+
+
+def _keep(names: list[str], old: Path, new: Path) -> None:
+    """The user's files of `old` into `new`, as hard links (nothing is copied or moved)."""
+    for name in names:
+        if (new / name).exists():
+            raise ConfigError(
+                f"export: {old / name} is yours (export did not write it), and this export "
+                "writes a file of that name; move it away, or export with --out elsewhere"
+            )
+        if (old / name).is_dir() and not (old / name).is_symlink():
+            shutil.copytree(old / name, new / name, symlinks=True, copy_function=os.link)
+        else:
+            os.link(old / name, new / name, follow_symlinks=False)
+
+
+def _no_room(err: Exception) -> bool:
+    """Whether a write failed for want of room (a full disk, a quota, a file size limit).
+
+    safetensors reports it as a SafetensorError carrying the system's message, not an OSError.
+    """
+    codes = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+    if isinstance(err, OSError):
+        return err.errno in codes
+    return any(os.strerror(code) in str(err) for code in codes)
+
+
+def _written_fails(err: Exception, out_dir: Path) -> ConfigError:
+    """One line for a write that failed (a full disk): the folder and its free space."""
+    try:
+        free = f"{shutil.disk_usage(out_dir.parent).free / 1e9:.1f} GB free there"
+    except OSError:
+        free = "free space unknown"
+    reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+    return ConfigError(
+        f"export: writing into {out_dir.parent} failed ({reason}; {free}); nothing was left "
+        "half-written: free space, or export with --out on another disk (--dtype bf16 halves it)"
+    )
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -259,17 +315,27 @@ def export_run(
         raise ConfigError(f"--shard-gb: must be > 0, got {shard_gb}")
     check_out(out_dir, run_dir)
     source = Source(run_dir, which, settings)
-    record = {"run": run_dir.name, "step": source.ckpt.step, "weights": which, "dtype": dtype}
-    with swapped_in(out_dir) as tmp:
-        if adapters:
-            list(_write_adapters(source, tmp, dtype))
-        else:
-            list(_write_model(source, tmp, dtype, shard_gb))
-            list(_hub_files(source, tmp, dtype))
-        (tmp / "config.toml").write_text(to_toml(source.cfg), encoding="utf-8")
-        record["adapters"] = adapters
-        (tmp / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
-        for path in tmp.iterdir():
-            with path.open("rb") as f:
-                os.fsync(f.fileno())
+    yours = added_by_user(out_dir, source.init)
+    record: dict[str, Any] = {"run": run_dir.name, "step": source.ckpt.step, "weights": which}
+    record |= {"dtype": dtype, "adapters": adapters}
+    from safetensors import SafetensorError  # noqa: PLC0415  (export only)
+
+    try:
+        with swapped_in(out_dir) as tmp:
+            if adapters:
+                list(_write_adapters(source, tmp, dtype))
+            else:
+                list(_write_model(source, tmp, dtype, shard_gb))
+                list(_hub_files(source, tmp, dtype))
+            (tmp / "config.toml").write_text(to_toml(source.cfg), encoding="utf-8")
+            record["files"] = sorted([*(p.name for p in tmp.iterdir()), RECORD])
+            (tmp / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
+            for path in tmp.iterdir():
+                with path.open("rb") as f:
+                    os.fsync(f.fileno())
+            _keep(yours, out_dir, tmp)
+    except (OSError, SafetensorError) as err:
+        if not _no_room(err):
+            raise
+        raise _written_fails(err, out_dir) from None
     return out_dir
