@@ -32,7 +32,7 @@ TEST_WORKERS ?= 2
 # 23.4 minutes idle) adds the rest.
 QUICK_TESTS := tests/test_rules.py tests/test_questions.py tests/test_bad_answers.py \
 	tests/test_bake.py tests/test_engines.py tests/test_lint.py tests/test_docs.py \
-	tests/test_update.py
+	tests/test_update.py tests/test_makefile_values.py
 # Which tests `make release` runs first: all (`make test-all`, about 25 minutes), quick
 # (`make test`) or none; the tag's message records which. SKIP_TESTS=1 means none.
 TESTS ?= all
@@ -40,6 +40,10 @@ RELEASE_TESTS := $(if $(SKIP_TESTS),none,$(TESTS))
 # release.py runs the mirror generators' checks, which need .venv's packages where it exists.
 RELEASE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 REMOTE ?= origin
+# Values you pass (TORCH=, PYTEST_ARGS=, REPOS=, TEMPLATE=, REMOTE=) reach the commands as
+# environment variables (`$$PYTEST_ARGS` in a recipe), never pasted into its text: make would
+# hand `$(...)` or backticks in a value to the shell to run.
+export TORCH PYTEST_ARGS TEST_WORKERS REPOS JSON TEMPLATE REMOTE
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test test-all sync bench release publish fleet clean
@@ -50,7 +54,7 @@ help: ## List the commands
 $(STAMP): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet "$$TORCH"
 	$(BIN)/pip install --quiet -r requirements-test.txt
 	touch $@
 
@@ -62,13 +66,13 @@ $(STAMP): requirements-test.txt
 # install's CPU time); Python compiles the few the demo imports when it first imports them.
 $(DEMO_STAMP): requirements-demo.txt
 	$(PYTHON) -m venv $(DEMO_ENV)
-	$(DEMO_ENV)/bin/pip install --quiet --no-compile --no-deps "$(TORCH)" --index-url $(CPU_INDEX)
+	$(DEMO_ENV)/bin/pip install --quiet --no-compile --no-deps "$$TORCH" --index-url $(CPU_INDEX)
 	@# torch cannot be imported before its dependencies are in: its version.py says the build.
 	@$(DEMO_ENV)/bin/python -c 'import runpy, sys, sysconfig; \
 	cuda = runpy.run_path(sysconfig.get_path("platlib") + "/torch/version.py")["cuda"]; \
 	sys.exit(cuda and f"make demo: pip installed the CUDA {cuda} build of torch, not the CPU \
 	wheel of $(CPU_INDEX) (pip.conf names another index?)")'
-	$(DEMO_ENV)/bin/pip install --quiet --no-compile -r requirements-demo.txt "$(TORCH)"
+	$(DEMO_ENV)/bin/pip install --quiet --no-compile -r requirements-demo.txt "$$TORCH"
 	touch $@
 
 demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its example end to end
@@ -87,14 +91,14 @@ demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its exam
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
 test: $(STAMP) ## The quick set: answers, bakes, engines, lint, docs, updates (no Slurm)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(QUICK_TESTS) \
-		$(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile -m "not slurm" $(QUICK_TESTS) \
+		$$PYTEST_ARGS
 
 test-all: $(STAMP) ## Every test, as CI runs them: adds generated suites, tutorial, environments, Slurm
 	@# Exit status 5 is "no test selected": PYTEST_ARGS may name only one of the two kinds.
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slurm" $(PYTEST_ARGS) \
+	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile -m "not slurm" $$PYTEST_ARGS \
 		|| [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m slurm $$PYTEST_ARGS || [ $$? -eq 5 ]
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py
@@ -113,16 +117,16 @@ endif
 	$(RELEASE_PYTHON) tools/release.py tag --tested $(RELEASE_TESTS)
 
 publish: ## Push the release tag to REMOTE (origin); check it has every release's tag
-	$(RELEASE_PYTHON) tools/release.py publish --remote $(REMOTE)
+	$(RELEASE_PYTHON) tools/release.py publish --remote "$$REMOTE"
 
 # The same report as a generated project's `make template-status`, run from the template's
 # copy of it (standard library and git only: no .venv needed).
 # TEMPLATE= reads every project against that template (one made with plain cookiecutter
 # records none).
 fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1, TEMPLATE=url
-	@test -n "$(REPOS)" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
+	@test -n "$$REPOS" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
 	@$(PYTHON) '{{cookiecutter.project_slug}}/tools/template_status.py' \
-		--repos-file "$(REPOS)"$(if $(JSON), --json)$(if $(TEMPLATE), --template "$(TEMPLATE)")
+		--repos-file "$$REPOS"$(if $(JSON), --json)$(if $(TEMPLATE), --template "$$TEMPLATE")
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py
