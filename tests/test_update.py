@@ -595,6 +595,73 @@ def test_update_refuses_uncommitted_work(
     assert git(project, "status", "--porcelain") == "?? scratch.txt\n", "the update ran"
 
 
+def _clone_behind(projects: dict[tuple[str, int], Project], engine: str, folder: Path) -> Path:
+    project = folder / engine / SLUG
+    git(folder, "clone", "-q", str(projects[engine, 0].behind), str(project))
+    return project
+
+
+def _one_line(done: subprocess.CompletedProcess[str], prefix: str) -> str:
+    """The tool's one line of stderr (make adds its own `***` line after it)."""
+    ours = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(ours) == 1 and ours[0].startswith(prefix), done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    return ours[0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_update_to_a_release_the_template_lacks_is_one_line(
+    projects: dict[tuple[str, int], Project], tmp_path: Path, engine: str
+) -> None:
+    project = _clone_behind(projects, engine, tmp_path)
+    head = git(project, "rev-parse", "HEAD")
+    done = _run(["make", "--no-print-directory", "update", "REF=v9.9.9"], project)
+    assert done.returncode == 2
+    line = _one_line(done, "make update: REF=v9.9.9: the template ")
+    assert "has no such release (newest: v" in line
+    assert git(project, "rev-parse", "HEAD") == head
+    assert git(project, "status", "--porcelain") == ""
+
+
+def test_a_damaged_copier_answers_file_is_named_by_status_and_update(
+    projects: dict[tuple[str, int], Project], tmp_path: Path
+) -> None:
+    project = _clone_behind(projects, "copier", tmp_path)
+    answers = project / ".copier-answers.yml"
+    lines = answers.read_text("utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("_commit:"))
+    lines[at] = '_commit: "v0.1'  # a quote left open
+    answers.write_text("\n".join(lines) + "\n", "utf-8")
+    git(project, "commit", "-qam", "a hand edit")
+    status = _template_status(project)
+    assert status.returncode == 2
+    line = _one_line(status, "template-status: ")
+    assert f"damaged answers record (ValueError: line {at + 1} is not `key: value`" in line
+    update = _run(["make", "--no-print-directory", "update"], project)
+    assert update.returncode == 2
+    assert "damaged answers record" in _one_line(update, "make update: ")
+
+
+def test_an_engine_setting_among_the_recorded_answers_is_refused(
+    projects: dict[tuple[str, int], Project], tmp_path: Path
+) -> None:
+    """`_extensions` in the record's answers would be handed to cruft as context: code to load."""
+    project = _clone_behind(projects, "cruft", tmp_path)
+    path = project / ".hpc-ml-template.json"
+    record = json.loads(path.read_text("utf-8"))
+    record["answers"]["_extensions"] = ""
+    path.write_text(json.dumps(record), "utf-8")
+    git(project, "commit", "-qam", "a hand edit")
+    status = _template_status(project)
+    line = _one_line(status, "template-status: ")
+    assert "damaged release record (answers hold the engine setting '_extensions'" in line
+    (project / ".cruft.json").unlink()  # a plain cookiecutter project: template-link reads it
+    git(project, "commit", "-qam", "unlinked")
+    link = _run(["make", "--no-print-directory", "template-link", "TEMPLATE=/nowhere"], project)
+    assert "the engine setting '_extensions'" in _one_line(link, "make template-link: ")
+    assert not (project / ".cruft.json").exists()
+
+
 def test_fleet_table(
     projects: dict[tuple[str, int], Project],
     conflicted: dict[str, Conflicted],

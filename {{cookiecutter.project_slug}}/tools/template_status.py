@@ -157,8 +157,22 @@ def load_record(root: Path) -> dict[str, Any]:
         and all(isinstance(value, str) for value in answers.values())
     ):
         raise StatusError(f"{path}: damaged release record (project_owned, answers: texts)")
+    # Keys with a leading _ are the engines' own settings (_extensions loads code, _copy_...):
+    # the template's questions have none, and passing one on would reconfigure the engine.
+    if engine_keys := sorted(key for key in answers if key.startswith("_")):
+        raise StatusError(
+            f"{path}: damaged release record (answers hold the engine setting "
+            f"{engine_keys[0]!r}; only the template's questions belong there)"
+        )
     _version(record["version"], where=str(path))
     return record
+
+
+# A line of copier's answers file: a key, and a plain or quoted one-line value.
+ANSWER_LINE = re.compile(
+    r"""[A-Za-z_][\w-]*:( +("([^"\\]|\\.)*"|'([^']|'')*'|[^\s"'#\[{&*!|>%@`][^#]*))?"""
+    r"""(\s+#.*)?\s*"""
+)
 
 
 def _yaml_scalar(text: str) -> str:
@@ -178,7 +192,11 @@ def recorded_source(root: Path) -> tuple[str, str, Path] | None:
     try:
         if copier.is_file():
             found = {}
-            for line in copier.read_text("utf-8").splitlines():
+            for number, line in enumerate(copier.read_text("utf-8").splitlines(), 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                if not ANSWER_LINE.fullmatch(line):  # copier writes one `key: value` a line
+                    raise ValueError(f"line {number} is not `key: value`: {line[:60]!r}")
                 key, _, value = line.partition(":")
                 if key in {"_src_path", "_commit"}:
                     found[key] = _yaml_scalar(value)

@@ -34,6 +34,8 @@ from template_status import (
     load_record,
     project_status,
     recorded_source,
+    releases,
+    resolve_local,
 )
 
 
@@ -60,6 +62,44 @@ def _ready(status: Status) -> None:
         )
 
 
+def run_engine(command: list[str], root: Path, what: str) -> None:
+    """Run an engine's CLI; its messages pass through, a failure ends in one line.
+
+    The engine's error output is held back while it runs: on success it is shown as it was,
+    on failure (a traceback of 50 lines and more) its last line is said, and the whole of it
+    is kept in a log file that the line names.
+    """
+    print("+", Path(command[0]).name, *command[1:])
+    done = subprocess.run(command, cwd=root, check=False, stderr=subprocess.PIPE, text=True)  # noqa: S603  (the engine's CLI)
+    if done.returncode == 0:
+        sys.stderr.write(done.stderr)
+        return
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="template-update-", suffix=".log", delete=False, encoding="utf-8"
+    ) as log:
+        log.write(done.stderr)
+    last = lines[-1] if lines else "no message"
+    raise StatusError(
+        f"{what} failed (exit status {done.returncode}): {last} (its whole output: {log.name})"
+    )
+
+
+def check_ref(repo: Path, ref: str, source: str) -> None:
+    """Refuse a ``ref`` the template does not have, naming its newest releases."""
+    found = subprocess.run(  # noqa: S603
+        ["git", "rev-parse", "--verify", "--quiet", ref + "^{commit}"],  # noqa: S607
+        cwd=repo,
+        capture_output=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        tags = [tag for _, tag in sorted(releases(repo).items(), reverse=True)]
+        newest = ", ".join(tags[:5]) or "none"
+        message = f"REF={ref}: the template {source} has no such release (newest: {newest})"
+        raise StatusError(message)
+
+
 def update_command(status: Status, ref: str) -> list[str]:
     """The engine's command that takes the release ``ref``."""
     if status.engine == "copier":
@@ -79,17 +119,18 @@ def update(root: Path, ref: str | None) -> int:
             "`make template-link TEMPLATE=<template url>`, commit .cruft.json, then update"
         )
     with tempfile.TemporaryDirectory(prefix="template-update-") as tmp:
-        status = project_status(root, None, Templates(Path(tmp)))
+        templates = Templates(Path(tmp))
+        status = project_status(root, None, templates)
+        if ref is not None:
+            source = recorded_source(root)
+            assert source is not None  # checked above
+            check_ref(templates.get(resolve_local(source[0], root)), ref, source[0])
     _ready(status)
     if ref is None and not status.behind_by:
         print(f"Up to date: no release after {status.recorded}.")
         return UP_TO_DATE
     target = ref or status.newest_ref
-    command = update_command(status, target)
-    print("+", Path(command[0]).name, *command[1:])
-    done = subprocess.run(command, cwd=root, check=False)  # noqa: S603  (the engine's CLI)
-    if done.returncode != 0:
-        raise StatusError(f"{status.engine} update failed (exit status {done.returncode})")
+    run_engine(update_command(status, target), root, f"{status.engine} update")
     left = conflict_markers(root)
     if left:
         print(
@@ -112,9 +153,9 @@ def link(root: Path, template: str) -> int:
         raise StatusError(f"already linked to {found[0]} ({found[2].name})")
     command = [_engine("cruft"), "link", "--no-input", "--checkout", f"v{record['version']}"]
     command += ["--extra-context", json.dumps(record["answers"]), template]
-    done = subprocess.run(command, cwd=root, check=False)  # noqa: S603  (cruft's CLI)
-    if done.returncode != 0 or not (root / CRUFT_STATE).is_file():
-        raise StatusError(f"cruft link failed (exit status {done.returncode})")
+    run_engine(command, root, "cruft link")
+    if not (root / CRUFT_STATE).is_file():
+        raise StatusError(f"cruft link wrote no {CRUFT_STATE}")
     print(
         f"Linked to {template} at v{record['version']}: commit {CRUFT_STATE}; then `make update`."
     )
