@@ -558,6 +558,31 @@ def test_cruft_extra_context_that_removes_the_rules_runs_first(
     assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
 
 
+def test_cookiecutter_without_hooks_renders_a_config_first(template: Path, tmp_path: Path) -> None:
+    """The third route no template can close, and the command that checks such a file.
+
+    ``--accept-hooks no`` turns off every hook, the pre-prompt hook that refuses a config file
+    before cookiecutter renders its values among them: a file with ``_extensions: []`` and
+    template syntax runs it. This test fails when that changes, so the docs can say so.
+    tools/check_answers.py refuses the same file without rendering it.
+    """
+    bad = {"_extensions": [], "project_name": _payload(tmp_path)}
+    config = _config(tmp_path, bad)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [_tool("cookiecutter"), "--no-input", "--accept-hooks", "no", "-o", str(out)]
+    _run_engine([*args, "--config-file", str(config), str(template)], tmp_path)
+    assert (tmp_path / MARKER).exists()  # the residual (see the docstring)
+    (tmp_path / MARKER).unlink()
+
+    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py"), str(config)]
+    checked = _run_engine(checker, tmp_path)
+    assert checked.returncode == 1
+    expected = [f"ERROR: {m} (config file {config})" for m in rules.check_config(bad)]
+    assert checked.stderr.splitlines() == expected
+    assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
+
+
 def test_the_answers_checker_reads_every_kind_of_file(
     replay: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -2,10 +2,10 @@
 
 Hypothesis cuts the release record (``.hpc-ml-template.json``) or cruft's answers file
 (``.cruft.json``) short, flips one of its bits, puts bytes into it that are not UTF-8, or puts
-a value of the wrong type where a text or a number was. The tool either reads the file as it
-now stands or ends with one line that names it, and changes nothing in the project. Copier's
-answers file is read line by line for two keys (``_src_path``, ``_commit``), which the same
-damage cannot make crash; it is covered by the fleet tests in test_update.py.
+a value of the wrong type where a text or a number was; copier's answers file
+(``.copier-answers.yml``), whose every line must be one ``key: value``, the same way. The tool
+either reads the file as it now stands or ends with one line that names it, and changes
+nothing in the project.
 """
 
 from __future__ import annotations
@@ -74,7 +74,18 @@ def project(default_bake: Bake, template: Path, tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", [status.RECORD, status.CRUFT_STATE])
+def as_copier(root: Path) -> None:
+    """Put copier's answers file where cruft's was, as copier writes it."""
+    state = json.loads((root / status.CRUFT_STATE).read_text("utf-8"))
+    (root / status.CRUFT_STATE).unlink()
+    lines = ["# Changes here will be overwritten by Copier; NEVER EDIT MANUALLY"]
+    lines += [f"_commit: {state['commit']}", f"_src_path: {state['template']}"]
+    answers = state["context"]["cookiecutter"]
+    lines += [f"{key}: {json.dumps(value)}" for key, value in sorted(answers.items())]
+    (root / status.COPIER_ANSWERS).write_text("\n".join(lines) + "\n", "utf-8")
+
+
+@pytest.mark.parametrize("name", [status.RECORD, status.CRUFT_STATE, status.COPIER_ANSWERS])
 @EXAMPLES
 @given(data=st.data())
 def test_a_damaged_record_is_read_or_named(
@@ -82,6 +93,8 @@ def test_a_damaged_record_is_read_or_named(
 ) -> None:
     """The release record or cruft's answers file, damaged: a report, or one line naming it."""
     path = project / name
+    if name == status.COPIER_ANSWERS and not path.exists():
+        as_copier(project)
     whole = path.read_bytes()
     path.write_bytes(data.draw(damage(whole)))
     before = files_below(project)

@@ -5,8 +5,10 @@ renamed. Every test runs with one intra-op thread: the suite runs on small share
 where oversubscribed threads slow tiny models down many times.
 """
 
+import contextlib
 import importlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,18 +48,56 @@ def run_cli(
     """`python -m <package> ...` in a fresh process, with `project` as the project root.
 
     `torchrun=N` starts N processes on this machine (a free rendezvous port each time).
+    A command still running after `timeout` seconds has hung (they take seconds): each
+    process it started prints where its threads stand (faulthandler, on SIGABRT), all are
+    killed, none is left to load the machine for the tests after it, and the test fails with
+    those stacks.
     """
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     launcher += [f"--nproc_per_node={torchrun}"] if torchrun else []
-    return subprocess.run(
-        [*(launcher if torchrun else [sys.executable]), "-m", PACKAGE, *args],
+    command = [*(launcher if torchrun else [sys.executable]), "-m", PACKAGE, *args]
+    with subprocess.Popen(
+        command,
         cwd=project,
-        env=cli_env(project, env),
-        capture_output=True,
+        env={**cli_env(project, env), "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            hung = process_tree(child.pid)  # torchrun's workers run in sessions of their own
+            signal_all(hung, signal.SIGABRT)
+            try:
+                out, err = child.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                signal_all(hung, signal.SIGKILL)
+                out, err = child.communicate()
+            signal_all(hung, signal.SIGKILL)
+            pytest.fail(f"{' '.join(args)}: still running after {timeout} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (from Linux's /proc; elsewhere `pid` alone)."""
+    below: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone while read
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            below.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += below.get(tree[-1], [])
+    return tree
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    """Send `signum` to each process of `pids` that still runs."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def cli_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -186,6 +186,16 @@ def _yaml_scalar(text: str) -> str:
     return text
 
 
+def _source(source: str, commit: str) -> tuple[str, str]:
+    """A recorded template source and commit, checked: git gets neither a blank nor a NUL."""
+    if not source.strip() or not source.isprintable():
+        raise ValueError(f"the template source {source!r} is no path or URL")
+    # copier records a tag or `git describe` (v1.2.0-3-gabc1234), cruft a commit's hash.
+    if commit and not re.fullmatch(r"\w[\w.+/-]*", commit):
+        raise ValueError(f"the commit {commit[:60]!r} is no git revision")
+    return source, commit
+
+
 def recorded_source(root: Path) -> tuple[str, str, Path] | None:
     """(template source, commit, file) from copier's or cruft's answers file, if there is one."""
     copier, cruft = root / COPIER_ANSWERS, root / CRUFT_STATE
@@ -200,11 +210,10 @@ def recorded_source(root: Path) -> tuple[str, str, Path] | None:
                 key, _, value = line.partition(":")
                 if key in {"_src_path", "_commit"}:
                     found[key] = _yaml_scalar(value)
-            if "_src_path" in found:
-                return found["_src_path"], found.get("_commit", ""), copier
+            return _source(found.get("_src_path", ""), found.get("_commit", "")) + (copier,)
         if cruft.is_file():
             state = json.loads(cruft.read_text("utf-8"))
-            return str(state["template"]), str(state.get("commit") or ""), cruft
+            return _source(str(state["template"]), str(state.get("commit") or "")) + (cruft,)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StatusError(
             f"{root}: a damaged answers record ({type(exc).__name__}: {exc})"
