@@ -177,3 +177,48 @@ def test_a_damaged_journal_is_read_or_refused_in_one_line(
         assert len(lines) == 1 and lines[0].startswith(f"error: {journal}")
         assert files_below(space.parent) == before
     journal.write_bytes(whole)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_a_damaged_made_with_record_is_read_or_refused_in_one_line(
+    project: Path, data: st.DataObject
+) -> None:
+    """What processed data was made with, damaged: accepted as it reads, or one line."""
+    made_with, folder = pkg("data.made_with"), project / "processed"
+    folder.mkdir(exist_ok=True)
+    values = {"tokenizer": "9f2c" * 16, "tokenizer_from": "models/tiny", "context": 64}
+    made_with.write_made_with(folder, {**values, "stride": 32, "fraction": 0.9})
+    path = folder / made_with.MADE_WITH
+    path.write_bytes(data.draw(damage(path.read_bytes()), label="record"))
+    before = files_below(folder)
+    try:
+        made_with.check_made_with(folder, "lm", values)
+    except pkg("errors").DataError as err:
+        message = str(err)
+        assert "\n" not in message
+        assert message.startswith((f"{path}: unreadable", "task lm: its processed data")), message
+    assert files_below(folder) == before
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_a_damaged_export_record_is_replaced_or_refused_in_one_line(
+    one_run: Path, project: Path, data: st.DataObject
+) -> None:
+    """A second `export` over a first whose record is damaged: what the user added stays."""
+    export, settings = pkg("ops.export"), pkg("settings").get_settings()
+    run_dir = project / "runs" / "kept"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.copytree(one_run, run_dir)
+    out = export.export_run(run_dir, run_dir / "export", settings)
+    (out / "notes.md").write_text("evaluated on the new set\n", encoding="utf-8")
+    record = out / export.RECORD
+    record.write_bytes(data.draw(damage(record.read_bytes()), label="record"))
+    before = files_below(out)
+    try:
+        export.export_run(run_dir, out, settings)
+    except pkg("errors").ConfigError as err:
+        assert "\n" not in str(err) and str(out) in str(err), err
+        assert files_below(out) == before
+    assert (out / "notes.md").read_text(encoding="utf-8") == "evaluated on the new set\n"

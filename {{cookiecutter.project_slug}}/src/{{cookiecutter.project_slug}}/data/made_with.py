@@ -34,6 +34,8 @@ def check_made_with(data_dir: Path, task: str, values: dict[str, Value]) -> None
         return
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(saved, dict):
+            raise ValueError(f"holds {type(saved).__name__}, not an object")
     except (ValueError, UnicodeDecodeError) as err:
         raise DataError(
             f"{path}: unreadable ({err}); run `prepare task.name={task}` again"
