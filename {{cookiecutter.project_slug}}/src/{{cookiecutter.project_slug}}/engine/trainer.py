@@ -509,7 +509,11 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(to_toml(self.cfg), encoding="utf-8")
             provenance.record(
-                self.run_dir, self.settings.project_root, os.environ, self.data_digest
+                self.run_dir,
+                self.settings.project_root,
+                os.environ,
+                self.data_digest,
+                self.pos.step,
             )
             lr_names = [name.removeprefix("lr_") for name in self.update.lrs() if name != "lr"]
             fields = metric_fields(self.task.metrics, lr_names, self.update.scalars)
@@ -678,7 +682,7 @@ class Trainer:
         self.say(format_summary(summary))
         if summary["status"] == "finished" and self.cfg.run.figures:
             figures = self.settings.figures_dir / self.name
-            plot_curves(self.run_dir / "metrics.csv", figures)
+            plot_curves(self.run_dir, figures, self.cfg.run.best_metric, self.cfg.run.best_mode)
             self.task.figures(self.last_sums, figures, "val")
             if not self.strategy.sharded:  # fsdp: `evaluate` draws them from the whole model
                 with swapped_in(self.task.averaged, self.net):

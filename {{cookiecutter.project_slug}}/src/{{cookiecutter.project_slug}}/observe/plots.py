@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 from typing import TYPE_CHECKING
 
+from .provenance import resumed_at
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
@@ -27,9 +29,15 @@ def _pyplot() -> ModuleType:
     return module
 
 
-def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:
-    """Loss (train and validation), then each validation metric, against the step."""
-    with metrics_csv.open(newline="") as f:
+def plot_curves(
+    run_dir: Path, out_dir: Path, best_metric: str = "", best_mode: str = "min"
+) -> Path:
+    """Loss (train and validation), then each validation metric, against the step.
+
+    The title names the run and its best validation value (of `best_metric`, else the loss);
+    a dotted line marks each step at which the run resumed.
+    """
+    with (run_dir / "metrics.csv").open(newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
         columns = reader.fieldnames or []
@@ -45,7 +53,7 @@ def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:
     fig, axes = plt.subplots(
         1,
         1 + len(metrics),
-        figsize=(5 * (1 + len(metrics)), 4),
+        figsize=(5 * (1 + len(metrics)), 4.3),
         layout="constrained",
         squeeze=False,
     )
@@ -57,16 +65,32 @@ def plot_curves(metrics_csv: Path, out_dir: Path) -> Path:
                 *zip(*points, strict=True), label=phase, marker="." if phase == "val" else None
             )
     ax_loss.set(xlabel="optimizer step", ylabel="loss", yscale="log", title="loss")
-    ax_loss.legend()
     for ax, name in zip(axes[0][1:], metrics, strict=True):
         points = [(int(r["step"]), float(r[name])) for r in rows if r["phase"] == "val" and r[name]]
         ax.plot(*zip(*points, strict=True), marker=".", color="tab:orange")
         ax.set(xlabel="optimizer step", ylabel=name, title=f"validation {name}")
+    for step in resumed_at(run_dir):
+        for ax in axes[0]:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+        ax_loss.plot([], [], color="grey", linestyle=":", label=f"resumed at {step}")
+    ax_loss.legend()
+    fig.suptitle(f"run {run_dir.name}" + best_text(rows, best_metric, best_mode))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "curves.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def best_text(rows: list[dict[str, str]], best_metric: str, best_mode: str) -> str:
+    """`: best validation <metric> <value> at step <n>`, from the rows ('' when none)."""
+    name = best_metric or "loss"
+    scored = [(float(r[name]), int(r["step"])) for r in rows if r["phase"] == "val" and r.get(name)]
+    if not scored:
+        return ""
+    pick = min if (best_mode if best_metric else "min") == "min" else max
+    value, step = pick(scored, key=lambda vs: vs[0])
+    return f": best validation {name} {value:.4g} at step {step}"
 
 
 def plot_confusion(

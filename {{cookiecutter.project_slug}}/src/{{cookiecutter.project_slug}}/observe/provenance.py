@@ -78,14 +78,20 @@ def versions() -> dict[str, str | None]:
 
 
 def record(
-    run_dir: Path, project_root: Path, env: Mapping[str, str], processed: str | None = None
+    run_dir: Path,
+    project_root: Path,
+    env: Mapping[str, str],
+    processed: str | None = None,
+    step: int = 0,
 ) -> dict[str, Any]:
     """Append this start's provenance to `run_dir/provenance.jsonl`; return the record.
 
-    `processed` is the SHA-256 of the processed data's `SHA256SUMS` (None: no prepared data).
+    `processed` is the SHA-256 of the processed data's `SHA256SUMS` (None: no prepared data);
+    `step` the optimizer step this start begins at (above 0: it resumed there).
     """
     entry = {
         "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "step": step,
         **code_state(project_root),
         "raw_manifest_sha256": file_digest(project_root / MANIFEST_PATH),
         "processed_sha256": processed,
@@ -97,3 +103,20 @@ def record(
     with (run_dir / FILE_NAME).open("a", encoding="utf-8") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
     return entry
+
+
+def resumed_at(run_dir: Path) -> list[int]:
+    """The steps at which the run resumed, from its starts' records (a damaged line: skipped)."""
+    steps = []
+    try:
+        lines = (run_dir / FILE_NAME).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and step > 0:
+            steps.append(step)
+    return steps
