@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
 DIGITS = ROOT / "data" / "raw" / "digits.csv.gz"
 CORPUS = ROOT / "data" / "raw" / "corpus.txt"  # the language-model example's text
+# The reason a module of tests skips where the dev group is not installed (`pip install -e .`
+# alone): Hypothesis, nbclient and their kind come with `pip install -e . --group dev`.
+DEV_ONLY = "needs the dev group's tools: pip install -e . --group dev (make install does)"
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)

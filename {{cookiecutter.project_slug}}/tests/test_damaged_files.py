@@ -13,10 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from conftest import DEV_ONLY, blobs, pkg
+
+pytest.importorskip("hypothesis", reason=DEV_ONLY)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import blobs, pkg
 
 cli, trainer = pkg("cli"), pkg("engine.trainer")
 

@@ -12,13 +12,15 @@ import shutil
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
+
+from conftest import DEV_ONLY, DIGITS, PACKAGE, ROOT, cli_env, example_task, pkg
+
+pytest.importorskip("nbclient", reason=DEV_ONLY)
+import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
-
-from conftest import DIGITS, PACKAGE, ROOT, cli_env, example_task, pkg
 
 NOTEBOOK = ROOT / "notebooks" / "tutorial.ipynb"
 

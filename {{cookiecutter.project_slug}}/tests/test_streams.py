@@ -5,20 +5,14 @@ import importlib.util
 import io
 import shutil
 import tarfile
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import DIGITS, assert_identical, example_task, final_weights, pkg, run_cli
-from toy_tasks.streams import Counted, Generated
 
 streams, trainer = pkg("data.streams"), pkg("engine.trainer")
-turns = pkg("engine.stream_batches").in_turns
 
 # Two workers, batches of 16, a constant schedule (a stream has no planned end).
 COMMON = [
@@ -33,89 +27,6 @@ COMMON = [
     "train.epochs=2",
 ]
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
-
-
-def feed(stream, *, rank: int = 0, world: int = 1, resume=None) -> object:
-    part = streams.StreamPart(rank, world, 0, 1)
-    return streams.StreamFeed(
-        stream, part, 0, 4, 0, torch.utils.data.default_collate, "test", resume=resume or {}
-    )
-
-
-def batches_of(pairs) -> list[torch.Tensor]:
-    return [batch[0] for batch, tag in pairs if not tag.done]
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    world=st.integers(1, 3),
-    stop=st.integers(0, 12),
-    kind=st.sampled_from(["counted", "generated", "buffered"]),
-    buffer=st.integers(1, 20),
-)
-def test_a_feed_resumed_from_any_tag_goes_on_as_if_never_stopped(
-    world: int, stop: int, kind: str, buffer: int
-) -> None:
-    """Counting and skipping (no state) and a saved state (with a buffer) give the same rest."""
-
-    def stream() -> object:
-        return {
-            "counted": lambda: Counted(97),
-            "generated": lambda: Generated(97, split=False),
-            "buffered": lambda: streams.ShuffleBuffer(Counted(97), buffer, seed=3),
-        }[kind]()
-
-    for rank in range(world):
-        whole = list(feed(stream(), rank=rank, world=world))
-        cut = list(islice(feed(stream(), rank=rank, world=world), stop))
-        if not cut or cut[-1][1].done:
-            continue
-        rest = feed(stream(), rank=rank, world=world, resume={0: cut[-1][1].saved()})
-        expected, got = batches_of(whole[len(cut) :]), batches_of(rest)
-        assert len(expected) == len(got)
-        for a, b in zip(expected, got, strict=True):
-            assert torch.equal(a, b)
-
-
-@settings(max_examples=25, deadline=None)
-@given(size=st.integers(1, 40), stop=st.integers(0, 60), n=st.integers(0, 50))
-def test_a_shuffle_buffer_resumes_with_its_contents(size: int, stop: int, n: int) -> None:
-    whole = list(streams.ShuffleBuffer(range(n), size, seed=1))
-    assert sorted(whole) == list(range(n))  # every sample once
-    first = streams.ShuffleBuffer(range(n), size, seed=1)
-    head = list(islice(iter(first), stop))
-    again = streams.ShuffleBuffer(range(n), size, seed=1)
-    again.load_state_dict(first.state_dict())
-    assert head + list(again) == whole
-
-
-@settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=4), stop=st.integers(0, 20))
-def test_turns_resume_from_the_next_worker(lengths: list[int], stop: int) -> None:
-    """Workers of unequal lengths: a pass begun at the saved next worker goes on in order."""
-    tag = pkg("data.streams").Tag
-
-    def loader(skips: dict[int, int]) -> list:
-        # What a DataLoader delivers: worker 0, 1, ... in turn, the done ones dropping out.
-        queues = [
-            [(f"{w}:{i}", tag(w, i + 1, i + 1)) for i in range(skips.get(w, 0), n)]
-            + [(None, tag(w, n, n, done=True))]
-            for w, n in enumerate(lengths)
-        ]
-        out = []
-        while any(queues):
-            out += [q.pop(0) for q in queues if q]
-        return out
-
-    whole = list(turns(iter(loader({})), len(lengths), 0))
-    assert sorted(b for b, _ in whole) == sorted(
-        f"{w}:{i}" for w, n in enumerate(lengths) for i in range(n)
-    )
-    head = whole[:stop]
-    done = {t.worker: t.pulled for _, t in head}
-    following = (head[-1][1].worker + 1) % len(lengths) if head else 0
-    rest = list(turns(iter(loader(done)), len(lengths), following))
-    assert [b for b, _ in head + rest] == [b for b, _ in whole]
 
 
 def test_a_state_a_checkpoint_cannot_load_is_one_line() -> None:
@@ -256,37 +167,6 @@ def test_a_changed_source_file_is_named_on_resume(project: Path) -> None:
     shard.write_bytes(shard.read_bytes() + b"\0")  # changed behind the run's back
     with pytest.raises(pkg("errors").DataError, match=r"external/streams/train-2.parquet changed"):
         train("run.name=src", *options)
-
-
-names = st.text(alphabet="abcdefghij_-", min_size=1, max_size=120)
-fields = st.dictionaries(
-    st.sampled_from(["x", "y.png", "cls"]), st.binary(max_size=700), min_size=1
-)
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    samples=st.lists(st.tuples(names, fields), max_size=6, unique_by=lambda sample: sample[0]),
-    form=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
-)
-def test_the_tar_reader_reads_what_tarfile_writes(
-    samples: list, form: int, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """Long names (GNU, pax), folders and every size come back as the same samples."""
-    path = tmp_path_factory.mktemp("tar") / "shard.tar"
-    if form == tarfile.USTAR_FORMAT:  # ustar: names of up to 100 bytes
-        samples = list({key[:90]: (key[:90], fields) for key, fields in samples}.values())
-    with tarfile.open(path, "w", format=form) as tar:
-        folder = tarfile.TarInfo("folder")
-        folder.type = tarfile.DIRTYPE
-        tar.addfile(folder)  # not a file: skipped
-        for key, parts in samples:
-            for field, data in parts.items():
-                info = tarfile.TarInfo(f"d/{key}.{field}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    read = list(pkg("data.tars").read_tar(path))
-    assert read == [{"__key__": f"d/{key}", **parts} for key, parts in samples]
 
 
 def test_a_cut_tar_file_is_one_line(tmp_path: Path) -> None:
