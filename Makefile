@@ -123,10 +123,10 @@ publish: ## Push the release tag to REMOTE (origin); check it has every release'
 # copy of it (standard library and git only: no .venv needed).
 # TEMPLATE= reads every project against that template (one made with plain cookiecutter
 # records none).
-fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1, TEMPLATE=url
+fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON=1, WIDE=1, TEMPLATE=url
 	@test -n "$$REPOS" || { echo "make fleet: REPOS=<file with one repository path or URL a line>" >&2; exit 1; }
 	@$(PYTHON) '{{cookiecutter.project_slug}}/tools/template_status.py' \
-		--repos-file "$$REPOS"$(if $(JSON), --json)$(if $(TEMPLATE), --template "$$TEMPLATE")
+		--repos-file "$$REPOS"$(if $(JSON), --json)$(if $(WIDE), --wide)$(if $(TEMPLATE), --template "$$TEMPLATE")
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py

@@ -718,6 +718,12 @@ def test_fleet_table(
     )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
+    if lines[-1].startswith("(… marks a cell cut to 100 columns"):  # long temporary paths
+        lines.pop()
+        assert all(len(line) <= 100 for line in lines), lines
+        done = _run(["make", "fleet", f"REPOS={listing}", "WIDE=1", f"PYTHON={sys.executable}"],
+                    releases.template)  # fmt: skip
+        lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
     header, body = lines[-9], lines[-8:]
     assert header.split()[:7] == [
         "repo", "engine", "recorded", "newest", "behind", "action", "uncommitted"
@@ -747,6 +753,13 @@ def test_fleet_names_a_repository_it_cannot_read(
     (broken / ".git" / "HEAD").write_text("garbage\n")
     repos = [str(good), str(tmp_path / "nosuch"), str(cut), str(broken)]
     done = _run([sys.executable, str(script), *repos], tmp_path)
+    assert done.returncode == status.FAILED, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= status.TABLE_WIDTH for line in lines), lines
+    # Each error is said whole, wrapped below its row; --wide puts each row on one line.
+    said = f"error: {record}: not a readable release record"
+    assert "".join(said.split()) in "".join("".join(lines).split()), lines
+    done = _run([sys.executable, str(script), "--wide", *repos], tmp_path)
     assert done.returncode == status.FAILED, done.stderr
     rows = done.stdout.splitlines()[-4:]
     assert rows[0].startswith(str(good)) and "error" not in rows[0], rows  # the others print
@@ -901,14 +914,14 @@ def test_status_without_a_recorded_source_names_the_fix(releases: Releases, tmp_
     done = _template_status(baked.project)
     assert done.returncode != 0
     assert "template-status: no template source recorded" in done.stderr
-    assert "TEMPLATE=" in done.stderr
+    assert "TEMPLATE=" in done.stderr and "make template-link" in done.stderr
     done = _template_status(baked.project, f"TEMPLATE={releases.template}")
     assert done.returncode == 0, done.stderr
     assert f"Up to date: no release after {releases.versions[-1]}." in done.stdout
 
 
 def test_plain_cookiecutter_project_links_from_its_answers(
-    releases: Releases, tmp_path: Path
+    projects: dict[tuple[str, int], Project], releases: Releases, tmp_path: Path
 ) -> None:
     """No answers file: `make template-link` records the source with cruft, asking nothing."""
     out = tmp_path / "out"
@@ -922,8 +935,24 @@ def test_plain_cookiecutter_project_links_from_its_answers(
     done = _run(["make", "--no-print-directory", "update"], project)
     assert done.returncode == 2
     assert "make update: made with plain cookiecutter, which cannot update: link" in done.stderr
-    # The fleet reads it against the template it is given.
+    # The fleet names what it lacks in its row, between the rows of the others; given the
+    # template, it reads it against that.
     listing = _fleet_list(tmp_path / "team.txt", [str(project)])
+    behind = projects["copier", 0].behind
+    _fleet_list(tmp_path / "two.txt", [str(project), str(behind)])
+    script = [sys.executable, str(ROOT / TEMPLATE_DIR / "tools" / "template_status.py")]
+    done = _run([*script, "--repos-file", str(tmp_path / "two.txt")], tmp_path)
+    assert done.returncode == status.BEHIND, done.stdout + done.stderr  # the worse row's
+    [row] = [line for line in done.stdout.splitlines() if "no recorded source" in line]
+    assert row.endswith("no recorded source: make template-link"), row
+    assert row.split()[1:3] == ["cookiecutter", releases.versions[0]], row
+    assert "error" not in done.stdout and done.stderr == ""
+    done = _run([*script, "--json", str(project)], tmp_path)
+    assert done.returncode == status.UNLINKED, done.stdout + done.stderr
+    row = json.loads(done.stdout)["repos"][0]
+    assert (row["engine"], row["recorded"], row["note"]) == (
+        "cookiecutter", releases.versions[0], "no recorded source: make template-link"
+    )  # fmt: skip
     fleet = ["make", "--no-print-directory", "fleet", f"REPOS={listing}", "JSON=1"]
     fleet.append(f"TEMPLATE={releases.template}")
     done = _run([*fleet, f"PYTHON={sys.executable}"], releases.template)

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -57,15 +58,23 @@ MARKER_SCAN_LIMIT = 5 * 1024 * 1024  # bytes
 REJECTED = ".rej"
 # What a trial merge of one changed file says (the report's words).
 CONFLICTS, CLEAN, UNTRIED = "conflicts", "merges cleanly", "may conflict"
-UP_TO_DATE, FAILED, BEHIND, UNRESOLVED = 0, 1, 3, 4
-# Worst first: a table exits with the status of its worst row.
-SEVERITY = (FAILED, UNRESOLVED, BEHIND, UP_TO_DATE)
+UP_TO_DATE, FAILED, BEHIND, UNRESOLVED, UNLINKED = 0, 1, 3, 4, 5
+# Worst first: a table exits with the status of its worst row. UNLINKED: a row of a project
+# made with plain cookiecutter, which records no template source (`make template-link`).
+SEVERITY = (FAILED, UNRESOLVED, BEHIND, UNLINKED, UP_TO_DATE)
+# A table fits this many columns unless --wide: the longest cells are cut, marked with "…".
+TABLE_WIDTH = 100
+NARROWEST = 8  # a cell cut narrower than this says too little
 
 Version = tuple[int, int, int]
 
 
 class StatusError(Exception):
     """A problem that ends the report with one line."""
+
+
+class NoSourceError(StatusError):
+    """No template source recorded: a project made with plain cookiecutter, not linked yet."""
 
 
 @dataclass
@@ -210,10 +219,10 @@ def recorded_source(root: Path) -> tuple[str, str, Path] | None:
                 key, _, value = line.partition(":")
                 if key in {"_src_path", "_commit"}:
                     found[key] = _yaml_scalar(value)
-            return _source(found.get("_src_path", ""), found.get("_commit", "")) + (copier,)
+            return (*_source(found.get("_src_path", ""), found.get("_commit", "")), copier)
         if cruft.is_file():
             state = json.loads(cruft.read_text("utf-8"))
-            return _source(str(state["template"]), str(state.get("commit") or "")) + (cruft,)
+            return (*_source(str(state["template"]), str(state.get("commit") or "")), cruft)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StatusError(
             f"{root}: a damaged answers record ({type(exc).__name__}: {exc})"
@@ -467,9 +476,9 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
     recorded = recorded_source(root)
     source = template or (recorded[0] if recorded else None)
     if not source:
-        raise StatusError(
+        raise NoSourceError(
             "no template source recorded (no .copier-answers.yml or .cruft.json): "
-            "pass TEMPLATE=<template url or path>"
+            "pass TEMPLATE=<template url or path>, or link it with `make template-link`"
         )
     # The recorded commit, where the template has it; else the recorded release's tag.
     commit = recorded[1] if recorded else ""
@@ -612,6 +621,11 @@ def fleet_row(repo: str, template: str | None, templates: Templates) -> dict[str
             root = templates.folder / f"repo{len(list(templates.folder.glob('repo*')))}"
             _git("clone", "--quiet", clone_url(repo), str(root))
         status = project_status(root, template, templates)
+    except NoSourceError:  # plain cookiecutter: its release is known, the newest is not
+        recorded = load_record(root)["version"]
+        note = "no recorded source: make template-link"
+        return {**row, "engine": "cookiecutter", "recorded": recorded, "note": note,
+                "exit_code": UNLINKED}  # fmt: skip
     except StatusError as exc:
         return {**row, "error": str(exc), "exit_code": FAILED}
     return {
@@ -630,16 +644,22 @@ def fleet_row(repo: str, template: str | None, templates: Templates) -> dict[str
     }
 
 
-def render_table(rows: list[dict[str, Any]]) -> str:
-    """The fleet as a text table, one line per repository."""
+def render_table(rows: list[dict[str, Any]], width: int | None = TABLE_WIDTH) -> str:
+    """The fleet as a text table, one row per repository, within `width` columns (None: all).
+
+    A row that cannot be read, or has no recorded source, says so after its first columns,
+    wrapped onto the next lines where it is longer than the line. Where the table is still
+    wider, the widest columns give way (a repository path keeps its end) and a line says so.
+    """
     header = [
         "repo", "engine", "recorded", "newest", "behind", "action", "uncommitted",
         "conflict risk", "last update",
     ]  # fmt: skip
-    table = [header]
+    table, said = [header], {}
     for row in rows:
-        if "error" in row:
-            table.append([row["repo"], *"??????", f"error: {row['error']}", ""])
+        if "error" in row or "note" in row:
+            said[len(table)] = f"error: {row['error']}" if "error" in row else row["note"]
+            table.append([row["repo"], row.get("engine", "?"), row.get("recorded", "?")])
             continue
         risk = ", ".join(row["conflict_risk"]) or "-"
         dirty = "?" if row["uncommitted"] is None else str(len(row["uncommitted"]))
@@ -651,13 +671,41 @@ def render_table(rows: list[dict[str, Any]]) -> str:
             row["repo"], row["engine"], row["recorded"], row["newest"], str(row["behind_by"]),
             ", ".join(row["action_needed"]) or "-", dirty, risk, row["last_update"] or "-",
         ])  # fmt: skip
-    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(
-            [*(cell.ljust(w) for cell, w in zip(line, widths, strict=False)), line[-1]]
-        ).rstrip()
-        for line in table
-    )
+    whole = [max(len(line[i]) for line in table if i < len(line)) for i in range(len(header))]
+    widths = fitted(whole, width)
+    span = sum(widths[:3]) + 2 * 3  # where a row's message starts
+    lines = []
+    for at, line in enumerate(table):
+        pairs = enumerate(zip(line, widths, strict=False))  # a message row: its first three
+        cells = [cut(cell, w, left=i == 0).ljust(w) for i, (cell, w) in pairs]
+        if at not in said:
+            lines.append("  ".join(cells).rstrip())
+            continue
+        room = max(width - span, 20) if width else len(said[at])
+        wrapped = textwrap.wrap(said[at], room, break_on_hyphens=False) or [""]
+        lines.append("  ".join(cells) + "  " + wrapped[0])
+        lines += [" " * span + more for more in wrapped[1:]]
+    if widths != whole:
+        lines.append(f"(… marks a cell cut to {width} columns: --wide or WIDE=1 shows it whole)")
+    return "\n".join(lines)
+
+
+def fitted(widths: list[int], limit: int | None) -> list[int]:
+    """Column widths whose line (two spaces between) fits `limit`: the widest give way first."""
+    widths = list(widths)
+    while limit is not None and sum(widths) + 2 * (len(widths) - 1) > limit:
+        widest = max(range(len(widths)), key=widths.__getitem__)
+        if widths[widest] <= NARROWEST:
+            break
+        widths[widest] -= 1
+    return widths
+
+
+def cut(cell: str, width: int, *, left: bool = False) -> str:
+    """`cell` within `width`, marked with "…" where cut (a repository path: at its start)."""
+    if len(cell) <= width:
+        return cell
+    return "…" + cell[len(cell) - width + 1 :] if left else cell[: width - 1] + "…"
 
 
 def worst(codes: list[int]) -> int:
@@ -669,13 +717,16 @@ def main(argv: list[str] | None = None) -> int:
     """Print the status of the project in the current folder, or a table of repositories."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="exit status: 0 up to date, 1 error, 3 behind, 4 conflicts left by an update",
+        epilog="exit status: 0 up to date, 1 error, 3 behind, 4 conflicts left by an update, "
+        "5 (a table) a project without a recorded source (make template-link)",
     )
     parser.add_argument("repos", nargs="*", help="repositories (paths or git URLs): a table")
     parser.add_argument("--repos-file", action="append", default=[], metavar="FILE",
                         help="a file with one repository path or git URL per line")  # fmt: skip
     parser.add_argument("--template", help="template URL or path (default: the recorded one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    whole = f"a table with every cell whole (default: {TABLE_WIDTH} columns)"
+    parser.add_argument("--wide", action="store_true", help=whole)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="template-status-") as tmp:
         templates = Templates(Path(tmp))
@@ -693,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         json.dumps({"repos": rows, "exit_code": code}, indent=2)
         if args.json
-        else render_table(rows)
+        else render_table(rows, None if args.wide else TABLE_WIDTH)
     )
     return code
 
