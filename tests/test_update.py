@@ -1042,6 +1042,21 @@ def test_release_refuses_what_is_not_ready(clone: Path) -> None:
     git(template, "tag", f"v{version}")
     assert f"release: v{version} is tagged already" in _refused(template)
 
+    # Every rule that fails is named in the same run, a line each.
+    at = text.index(f"## {version} ")
+    bare = text[:at] + re.sub(r"^Update: .*\n", "", text[at:], count=1, flags=re.M)
+    (template / "CHANGELOG.md").write_text(bare.replace("\n- ", "\n* ", 1 << 20), "utf-8")
+    (template / "README.md").write_text("changed\n", "utf-8")
+    lines = [line for line in _refused(template).splitlines() if line.startswith("release: ")]
+    assert len(lines) == 4, lines
+    assert lines == [
+        f"release: CHANGELOG.md: the {version} entry must start with an 'Update:' line",
+        f"release: CHANGELOG.md: the {version} entry lists no change ('- ...')",
+        f"release: v{version} is tagged already: raise _template_version first",
+        lines[3],
+    ], lines
+    assert lines[3].startswith("release: uncommitted changes: commit them first ("), lines
+
 
 def test_release_changelog_heading_dashes_and_what_differs(clone: Path) -> None:
     """The heading's dash may be a hyphen or an en dash; other differences are named."""

@@ -102,10 +102,13 @@ def changelog_entry(text: str, version: str) -> list[str]:
         (i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
     )
     body = [line for line in lines[starts[0] + 1 : end] if line.strip()]
+    problems = []
     if not body or not body[0].startswith("Update: "):
-        raise ReleaseError(f"CHANGELOG.md: the {version} entry must start with an 'Update:' line")
+        problems.append(f"CHANGELOG.md: the {version} entry must start with an 'Update:' line")
     if not any(line.startswith("- ") for line in body):
-        raise ReleaseError(f"CHANGELOG.md: the {version} entry lists no change ('- ...')")
+        problems.append(f"CHANGELOG.md: the {version} entry lists no change ('- ...')")
+    if problems:
+        raise ReleaseError("\n".join(problems))
     return body
 
 
@@ -136,9 +139,28 @@ def _released() -> set[Version]:
 
 
 def check() -> str:
-    """Return the version when it can be released; raise ReleaseError otherwise."""
-    version = template_version()
+    """Return the version when it can be released; raise ReleaseError otherwise.
+
+    Every rule is checked, and the error names each one that fails (a line each), so one run
+    says all that stands between the tree and its release.
+    """
+    version = template_version()  # the other rules need it
+    problems: list[str] = []
+    for rule in (_entry_written, _not_released, _mirrors_fresh, _tree_clean):
+        try:
+            rule(version)
+        except ReleaseError as exc:
+            problems += str(exc).splitlines()
+    if problems:
+        raise ReleaseError("\n".join(problems))
+    return version
+
+
+def _entry_written(version: str) -> None:
     changelog_entry((ROOT / "CHANGELOG.md").read_text("utf-8"), version)
+
+
+def _not_released(version: str) -> None:
     released = _released()
     wanted = tuple(int(n) for n in version.split("."))
     if wanted in released:
@@ -146,13 +168,18 @@ def check() -> str:
     if released and wanted < max(released):
         newest = ".".join(map(str, max(released)))
         raise ReleaseError(f"{version} is older than the newest release {newest}")
+
+
+def _mirrors_fresh(_version: str) -> None:
+    # A tag on stale mirrors records the old version for copier and the new one for
+    # cookiecutter: its projects would report themselves behind for good.
     if stale := stale_mirrors():
-        # A tag on stale mirrors records the old version for copier and the new one for
-        # cookiecutter: its projects would report themselves behind for good.
         raise ReleaseError(f"{'; '.join(stale)}; commit the result")
+
+
+def _tree_clean(_version: str) -> None:
     if dirty := _git("status", "--porcelain").strip():
         raise ReleaseError(f"uncommitted changes: commit them first ({dirty.splitlines()[0]})")
-    return version
 
 
 def publish(remote: str) -> str:
@@ -218,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             message = f"hpc-ml-template {version} (tests: {args.tested})"
             _git("tag", "-a", f"v{version}", "-m", message)
     except ReleaseError as exc:
-        print(f"release: {exc}", file=sys.stderr)
+        for problem in str(exc).splitlines():
+            print(f"release: {problem}", file=sys.stderr)
         return 1
     if args.step == "check":
         print(f"release: {version} is ready (CHANGELOG.md entry, mirrors, clean tree, not tagged)")
