@@ -302,15 +302,31 @@ def test_make_help_documents_every_task(case: tuple[Bake, dict[str, str]]) -> No
         assert dry.returncode == 0, f"make -n {target}: {dry.stderr}"
 
 
-def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -> None:
+def _dry(project: Path, *args: str) -> str:
+    done = run(["make", "-n", *args], project)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _value(project: Path, name: str, *args: str) -> str:
+    """What an exported "$NAME" in a recipe of the project's Makefile holds."""
+    show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value", *args]
+    done = run(show, project)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_make_install_takes_the_environment_and_the_variants_torch(
+    case: tuple[Bake, dict[str, str]],
+) -> None:
     result, answers = case
-    slug = result.project.name
     project = result.project
 
     def dry(*args: str) -> str:
-        done = run(["make", "-n", *args], project)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return _dry(project, *args)
+
+    def value(name: str, *args: str) -> str:
+        return _value(project, name, *args)
 
     install = dry("install")
     assert f"{env_dir(answers)}/bin/" in install or f"--prefix {env_dir(answers)}" in install
@@ -320,9 +336,10 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         assert "--group dev" in install  # torch first, then the project with its dev tools
     elif answers["environment"] == "uv":
         variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
-        sync = f"uv sync --python {answers['python_version']} --extra {variant}"
+        sync = f'uv sync --python {answers["python_version"]} --extra "$TORCH_VARIANT"'
         assert sync + (f" --extra {extra}" if extra else "") in install
-        assert "--extra cpu" in dry("install", "TORCH_VARIANT=cpu")
+        assert value("TORCH_VARIANT") == variant
+        assert value("TORCH_VARIANT", "TORCH_VARIANT=cpu") == "cpu"
     else:
         assert "-m venv .venv" in install
         assert "pip install -e '." + (f"[{extra}]" if extra else "") + "' --group dev" in install
@@ -334,9 +351,25 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
             if answers["environment"] == "apptainer"
             else PRESETS[answers["cluster"]]["torch_variant"]
         )
-        index = f'"torch>=2.4,<3" --index-url https://download.pytorch.org/whl/{variant}'
-        assert install.index(index) < install.index("pip install -e '.")
-        assert "--index-url https://download.pytorch.org/whl/cpu" in dry("install-cpu")
+        # tools/install_torch.py reads no extra index and checks the build before it installs
+        torch = 'tools/install_torch.py "$TORCH_VARIANT" "$TORCH_INDEX"'
+        assert install.index(torch) < install.index("pip install -e '.")
+        assert value("TORCH_INDEX") == f"https://download.pytorch.org/whl/{variant}"
+        assert value("TORCH_VARIANT") == variant
+        assert value("TORCH_INDEX", "TORCH_VARIANT=cpu") == "https://download.pytorch.org/whl/cpu"
+        # install-cpu runs install with the variant set for both (TORCH_INDEX follows it)
+        assert "install-cpu: TORCH_VARIANT := cpu" in dry("-p", "install-cpu")
+        assert torch in dry("install-cpu")
+
+
+def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -> None:
+    result, answers = case
+    slug = result.project.name
+    project = result.project
+
+    def dry(*args: str) -> str:
+        return _dry(project, *args)
+
     # Values users pass reach a recipe as exported variables ("$JOB", $ARGS), never pasted
     # into its text (tests/test_makefile_values.py runs them); the defaults name real files.
     assert 'sbatch "$JOB" $ARGS' in dry("submit")
@@ -351,7 +384,7 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
         assert "sbatch container/build.sh" in dry("container")
     # make install registers the environment as a Jupyter kernel named like the package; with
     # apptainer the kernel runs in the image, as training does.
-    assert "hooks kernel" in install
+    assert "hooks kernel" in dry("install")
     kernel = dry("kernel")
     if answers["environment"] == "apptainer":
         image = f"--env PYTHONPATH={project}/src {project}/container/{slug}.sif python"
@@ -381,8 +414,7 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     # No pip part: `make install` adds torch from the preset's wheel index, then the project.
     assert not [d for d in env["dependencies"] if isinstance(d, dict)]
     install = run(["make", "-n", "install"], result.project).stdout
-    variant = PRESETS[answers["cluster"]]["torch_variant"]
-    torch = install.index(f"--index-url https://download.pytorch.org/whl/{variant}")
+    torch = install.index('tools/install_torch.py "$TORCH_VARIANT" "$TORCH_INDEX"')
     match = re.search(r"pip install -e '\.(?:\[([\w,]+)\])?' --group dev", install)
     assert match and torch < match.start(), install
     extras = set(match[1].split(",")) if match[1] else set()

@@ -46,6 +46,17 @@ def test_no_recipe_pastes_a_value_into_its_command_line(default_bake: Bake) -> N
         assert pasted(makefile.read_text(encoding="utf-8")) == [], makefile
 
 
+def test_every_exported_default_is_what_make_holds(default_bake: Bake) -> None:
+    """`export NAME` before `NAME ?= default` defines NAME empty first: the default is lost."""
+    for folder in (ROOT, default_bake.project):
+        text = (folder / "Makefile").read_text(encoding="utf-8")
+        defaults = dict(re.findall(r"^([A-Z_]+) \?= *(\S*)$", text, re.M))
+        for name in sorted(name for name in exported(text) if defaults.get(name)):
+            show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value"]
+            held = subprocess.run(show, cwd=folder, capture_output=True, text=True, check=True)
+            assert held.stdout.strip(), f"{folder / 'Makefile'}: {name} lost its default"
+
+
 def run_make(folder: Path, target: str, **values: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in values.items())],
