@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGE, ROOT, example_task, pkg
+from conftest import PACKAGE, ROOT, blobs, example_task, pkg
 
 cli = pkg("cli")
 config = pkg("config")
@@ -139,3 +139,19 @@ def test_install_cpu_refuses_a_cuda_build_of_torch(
     assert done.returncode != 0
     first = done.stderr.splitlines()[0]
     assert first.startswith("make install-cpu: torch 2.9.0 is a CUDA 12.6 build, not the CPU wheel")
+
+
+@pytest.mark.parametrize("setting", ["train.batch_size=4096", "train.grad_accum_steps=512"])
+def test_batches_larger_than_the_data_name_what_fits(project: Path, setting: str) -> None:
+    """The message names a value that fits; the run with it trains."""
+    common = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "run.name=fit"]
+    trainer = pkg("engine.trainer")
+    task = blobs(*common, "train.batch_size=16", setting)
+    with pytest.raises(config.ConfigError) as refused:
+        trainer.train(task.cfg, task)
+    message = str(refused.value)
+    assert "training samples; train." in message and "\n" not in message
+    fits = message.rpartition("; ")[2].partition(" ")[0]  # e.g. train.grad_accum_steps=3
+    assert fits.partition("=")[0] == setting.partition("=")[0], message
+    task = blobs(*common, "train.batch_size=16", setting, fits)
+    assert trainer.train(task.cfg, task).summary["status"] == "finished"

@@ -57,9 +57,16 @@ def check_sizes(
     train_size, accum = size(datasets.train), cfg.train.grad_accum_steps
     batches = train_size // denv.world_size // cfg.train.batch_size
     if batches // accum == 0:
+        per_process = train_size // denv.world_size
+        fits = (
+            f"train.grad_accum_steps={batches} fits, or a smaller train.batch_size"
+            if batches
+            else f"train.batch_size={per_process} fits"
+        )
+        cut = " (shorter windows, task.context, give more)" if "context" in cfg.task.options else ""
         raise ConfigError(
             f"train.batch_size: {cfg.train.batch_size} x {denv.world_size} processes x "
-            f"{accum} accumulation steps exceeds the {train_size} training samples"
+            f"{accum} accumulation steps exceeds the {train_size} training samples{cut}; {fits}"
         )
     return batches
 
