@@ -132,13 +132,13 @@ def update(root: Path, ref: str | None) -> int:
     target = ref or status.newest_ref
     run_engine(update_command(status, target), root, f"{status.engine} update")
     left = conflict_markers(root)
-    if left:
+    if left:  # the engine may have said "clean" just before: the last line says what is
+        listing = "\n".join(["Conflicts left by the update:", *(f"  {path}" for path in left)])
+        print(listing, flush=True)
         print(
-            f"make update: the update to {target} left conflicts in {len(left)} files "
-            "(conflict markers, or rejected hunks in .rej files): resolve them, delete the "
-            ".rej files, then commit:",
-            *(f"  {path}" for path in left),
-            sep="\n",
+            f"make update: the update to {target} left conflicts in {len(left)} files (above: "
+            "conflict markers, or rejected hunks in .rej files): resolve them, delete the .rej "
+            "files, then commit",
             file=sys.stderr,
         )
         return UNRESOLVED
