@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test tasks (toy_tasks.tower)
 import torch  # noqa: E402
 import xxhash  # noqa: E402
 
-from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
+from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
 checkpoint, checkpoint_io, distributed = (
     pkg("engine.checkpoint"),

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
+from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
 
 def parse_args() -> argparse.Namespace:

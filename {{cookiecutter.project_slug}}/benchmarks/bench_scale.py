@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test tasks (toy_tasks.tower)
 import torch  # noqa: E402  (after the thread setting)
 import torch.multiprocessing as mp  # noqa: E402
 
-from conftest import PACKAGE, pkg  # noqa: E402
+from under_test import PACKAGE, pkg  # noqa: E402
 
 STEPS = 12
 

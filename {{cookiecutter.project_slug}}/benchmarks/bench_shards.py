@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
+from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
 shards = pkg("data.shards")
 

@@ -74,7 +74,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from conftest import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
+from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
 config, models, trainer = pkg("config"), pkg("models"), pkg("engine.trainer")
 Datasets, Classification = pkg("task").Datasets, pkg("task_kinds").Classification

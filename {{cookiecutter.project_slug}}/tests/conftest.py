@@ -6,24 +6,17 @@ where oversubscribed threads slow tiny models down many times.
 """
 
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from under_test import PACKAGE, ROOT, pkg
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
 DIGITS = ROOT / "data" / "raw" / "digits.csv.gz"
 CORPUS = ROOT / "data" / "raw" / "corpus.txt"  # the language-model example's text
 # The reason a module of tests skips where the dev group is not installed (`pip install -e .`
@@ -32,13 +25,6 @@ DEV_ONLY = "needs the dev group's tools: pip install -e . --group dev (make inst
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
-
-
-def pkg(module: str) -> ModuleType:
-    """A module of the package under test, e.g. pkg("config")."""
-    return importlib.import_module(f"{PACKAGE}.{module}")
 
 
 def run_cli(

@@ -1,26 +1,43 @@
-"""`pip install -e .` without the dev group, then plain `pytest`: skips that say why, no error.
+"""Without the dev group: plain `pytest` skips what needs it, saying why; benchmarks run.
 
 The dev group's packages are made unimportable in a child process (its plugins left out, as
-pytest would not find them), and the suite is collected there.
+pytest would not find them), and the suite is collected there. The benchmarks need neither
+pytest nor the rest (the GPU day runs them in an environment of the package alone).
 """
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import DEV_ONLY, ROOT, cli_env
 
 DEV_PACKAGES = ("hypothesis", "nbclient", "nbformat", "jupyter_client", "xdist", "ipykernel")
-COLLECT = f"""
+ABSENT = """
 import importlib.abc, sys
 class Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in {DEV_PACKAGES!r}:
+        if name.partition(".")[0] in {absent!r}:
             raise ModuleNotFoundError("No module named " + repr(name))
 sys.meta_path.insert(0, Absent())
+"""
+COLLECT = (
+    ABSENT.format(absent=DEV_PACKAGES)
+    + """
 import pytest
 plugins = ["no:cacheprovider", "no:xdist", "no:hypothesispytest"]
 sys.exit(pytest.main(["--collect-only", "-q", "-rs", *(a for p in plugins for a in ("-p", p))]))
 """
+)
+BENCHMARK = (
+    ABSENT.format(absent=(*DEV_PACKAGES, "pytest", "_pytest"))
+    + """
+import runpy
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+)
 
 
 def test_the_suite_collects_without_the_dev_group() -> None:
@@ -42,3 +59,18 @@ def test_the_suite_collects_without_the_dev_group() -> None:
     assert {"tests/test_damaged_files.py", "tests/test_notebook.py"} <= skipped, done.stdout
     assert "tests/test_stream_properties.py" in skipped, done.stdout
     assert "tests/test_streams.py::" in done.stdout  # the streams' other tests still run
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("bench_*.py")), ids=str)
+def test_a_benchmark_runs_without_pytest(script: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BENCHMARK, str(script)],
+        cwd=ROOT,
+        env=cli_env(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("usage: "), done.stdout[:500]
