@@ -113,3 +113,22 @@ def test_a_damaged_record_is_read_or_named(
     else:
         assert err == "" and out.startswith("This project: "), (code, out, err)
     assert after == before
+
+
+def test_a_copier_answers_file_with_long_and_listed_values_is_read(tmp_path: Path) -> None:
+    """YAML folds a long value onto indented lines and writes lists as `- ` lines."""
+    (tmp_path / status.COPIER_ANSWERS).write_text(
+        "# Changes here will be overwritten by Copier; NEVER EDIT MANUALLY\n"
+        "_commit: v0.2.0-3-gabc1234\n"
+        "_src_path: gh:team/hpc-ml-template\n"
+        "description: A long description of the project that YAML folds onto the line\n"
+        "  below it, indented\n"
+        'quoted: "a quoted value that goes on\n'
+        '  below too"\n'
+        "owned:\n"
+        "- README.md\n"
+        "- configs\n",
+        "utf-8",
+    )
+    source, commit, _ = status.recorded_source(tmp_path)
+    assert (source, commit) == ("gh:team/hpc-ml-template", "v0.2.0-3-gabc1234")

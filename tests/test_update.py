@@ -640,7 +640,7 @@ def test_a_damaged_copier_answers_file_is_named_by_status_and_update(
     status = _template_status(project)
     assert status.returncode == 2
     line = _one_line(status, "template-status: ")
-    assert f"damaged answers record (ValueError: line {at + 1} is not `key: value`" in line
+    assert f"damaged answers record (ValueError: line {at + 1}: _commit '\"v0.1' is no" in line
     update = _run(["make", "--no-print-directory", "update"], project)
     assert update.returncode == 2
     assert "damaged answers record" in _one_line(update, "make update: ")

@@ -177,11 +177,9 @@ def load_record(root: Path) -> dict[str, Any]:
     return record
 
 
-# A line of copier's answers file: a key, and a plain or quoted one-line value.
-ANSWER_LINE = re.compile(
-    r"""[A-Za-z_][\w-]*:( +("([^"\\]|\\.)*"|'([^']|'')*'|[^\s"'#\[{&*!|>%@`][^#]*))?"""
-    r"""(\s+#.*)?\s*"""
-)
+# A top-level line of copier's answers file: a key, then its value (YAML may continue a long
+# value or a list on the lines below, indented or starting with "- ").
+ANSWER_LINE = re.compile(r"[A-Za-z_][\w-]*:(\s.*)?")
 
 
 def _yaml_scalar(text: str) -> str:
@@ -205,21 +203,30 @@ def _source(source: str, commit: str) -> tuple[str, str]:
     return source, commit
 
 
+def _copier_source(path: Path) -> tuple[str, str]:
+    """`_src_path` and `_commit` of copier's answers file, read line by line (no YAML library)."""
+    found = {}
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith(("#", " ", "-")):
+            continue
+        if not ANSWER_LINE.fullmatch(line):  # copier writes one `key: value` a line
+            raise ValueError(f"line {number} is not `key: value`: {line[:60]!r}")
+        key, _, value = line.partition(":")
+        if key in {"_src_path", "_commit"}:
+            try:
+                found[key] = _yaml_scalar(value)
+            except ValueError:
+                shown = value.strip()[:60]
+                raise ValueError(f"line {number}: {key} {shown!r} is no one-line value") from None
+    return _source(found.get("_src_path", ""), found.get("_commit", ""))
+
+
 def recorded_source(root: Path) -> tuple[str, str, Path] | None:
     """(template source, commit, file) from copier's or cruft's answers file, if there is one."""
     copier, cruft = root / COPIER_ANSWERS, root / CRUFT_STATE
     try:
         if copier.is_file():
-            found = {}
-            for number, line in enumerate(copier.read_text("utf-8").splitlines(), 1):
-                if not line.strip() or line.startswith("#"):
-                    continue
-                if not ANSWER_LINE.fullmatch(line):  # copier writes one `key: value` a line
-                    raise ValueError(f"line {number} is not `key: value`: {line[:60]!r}")
-                key, _, value = line.partition(":")
-                if key in {"_src_path", "_commit"}:
-                    found[key] = _yaml_scalar(value)
-            return (*_source(found.get("_src_path", ""), found.get("_commit", "")), copier)
+            return (*_copier_source(copier), copier)
         if cruft.is_file():
             state = json.loads(cruft.read_text("utf-8"))
             return (*_source(str(state["template"]), str(state.get("commit") or "")), cruft)
