@@ -45,6 +45,19 @@ def _tool(name: str) -> str:
     return str(found) if found.exists() else shutil.which(name) or name
 
 
+def make_value(folder: Path, name: str, *args: str) -> str:
+    """What the Makefile in ``folder`` holds in ``name`` (with the ``VAR=value`` of ``args``).
+
+    The value an exported variable gives a recipe's "$NAME", which `make -n` does not show.
+    Run without an outer make's recursion variables, as a user runs it.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value", *args]
+    done = subprocess.run(show, cwd=folder, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def bake(engine: str, template: Path, out: Path, answers: dict[str, str], **env: str) -> Bake:
     """Generate a project with one engine; ``out`` is an empty parent folder."""
     slug = answers.get("project_slug") or rules.to_slug(

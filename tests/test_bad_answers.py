@@ -526,6 +526,17 @@ def test_a_config_that_removes_the_rules_runs_no_code(
     assert list(temp.iterdir()) == [], "the template copy was left behind"
 
 
+def _checker_refuses_unrendered(path: Path, kind: str, bad: dict[str, Any], tmp_path: Path) -> None:
+    """tools/check_answers.py refuses `path` with the rules' lines and renders none of it."""
+    (tmp_path / MARKER).unlink()  # the engine's run made it
+    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py"), str(path)]
+    checked = _run_engine(checker, tmp_path)
+    assert checked.returncode == 1
+    expected = [f"ERROR: {m} ({kind} {path})" for m in rules.check_config(bad)]
+    assert checked.stderr.splitlines() == expected
+    assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
+
+
 @pytest.mark.parametrize("route", ["--extra-context", "--extra-context-file"])
 def test_cruft_extra_context_that_removes_the_rules_runs_first(
     route: str, template: Path, tmp_path: Path
@@ -548,14 +559,7 @@ def test_cruft_extra_context_that_removes_the_rules_runs_first(
     assert result.returncode != 0
     assert list(out.iterdir()) == [], "a rejected answer left something behind"
     assert (tmp_path / MARKER).exists()  # the residual (see the docstring)
-    (tmp_path / MARKER).unlink()
-
-    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py"), str(extra)]
-    checked = _run_engine(checker, tmp_path)
-    assert checked.returncode == 1
-    expected = [f"ERROR: {m} (answers file {extra})" for m in rules.check_config(bad)]
-    assert checked.stderr.splitlines() == expected
-    assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
+    _checker_refuses_unrendered(extra, "answers file", bad, tmp_path)
 
 
 def test_cookiecutter_without_hooks_renders_a_config_first(template: Path, tmp_path: Path) -> None:
@@ -573,14 +577,7 @@ def test_cookiecutter_without_hooks_renders_a_config_first(template: Path, tmp_p
     args = [_tool("cookiecutter"), "--no-input", "--accept-hooks", "no", "-o", str(out)]
     _run_engine([*args, "--config-file", str(config), str(template)], tmp_path)
     assert (tmp_path / MARKER).exists()  # the residual (see the docstring)
-    (tmp_path / MARKER).unlink()
-
-    checker = [sys.executable, str(ROOT / "tools" / "check_answers.py"), str(config)]
-    checked = _run_engine(checker, tmp_path)
-    assert checked.returncode == 1
-    expected = [f"ERROR: {m} (config file {config})" for m in rules.check_config(bad)]
-    assert checked.stderr.splitlines() == expected
-    assert not (tmp_path / MARKER).exists(), "the checker rendered the file"
+    _checker_refuses_unrendered(config, "config file", bad, tmp_path)
 
 
 def test_the_answers_checker_reads_every_kind_of_file(

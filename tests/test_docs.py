@@ -31,7 +31,7 @@ from typing import Any
 import gen_options_doc  # tools/ is on pytest's pythonpath
 import pytest
 import yaml
-from engines import Bake, bake
+from engines import Bake, bake, make_value
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -554,14 +554,7 @@ def test_demo_installs_only_what_the_demo_needs(default_bake: Bake) -> None:
     torch, rest = (shlex.split(ln) for ln in dry.splitlines() if "/pip install" in ln)
     # The pin reaches both installs as the exported variable $TORCH (never pasted into the
     # recipe); its default is one exact version.
-    pin = subprocess.run(
-        ["make", "-s", "--eval", "print-torch: ; @echo $(TORCH)", "print-torch"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    pin = make_value(ROOT, "TORCH")
     assert pin.startswith("torch==") and " " not in pin, pin
     assert {"--no-deps", "$TORCH", "https://download.pytorch.org/whl/cpu"} <= set(torch), torch
     assert torch[torch.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from engines import BIN, Bake
+from engines import BIN, Bake, make_value
 from envcases import (
     CASES,
     PRESETS,
@@ -308,14 +308,6 @@ def _dry(project: Path, *args: str) -> str:
     return done.stdout
 
 
-def _value(project: Path, name: str, *args: str) -> str:
-    """What an exported "$NAME" in a recipe of the project's Makefile holds."""
-    show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value", *args]
-    done = run(show, project)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 def test_make_install_takes_the_environment_and_the_variants_torch(
     case: tuple[Bake, dict[str, str]],
 ) -> None:
@@ -326,7 +318,7 @@ def test_make_install_takes_the_environment_and_the_variants_torch(
         return _dry(project, *args)
 
     def value(name: str, *args: str) -> str:
-        return _value(project, name, *args)
+        return make_value(project, name, *args)
 
     install = dry("install")
     assert f"{env_dir(answers)}/bin/" in install or f"--prefix {env_dir(answers)}" in install
@@ -373,8 +365,8 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     # Values users pass reach a recipe as exported variables ("$JOB", $ARGS), never pasted
     # into its text (tests/test_makefile_values.py runs them); the defaults name real files.
     assert 'sbatch "$JOB" $ARGS' in dry("submit")
-    job = run(["make", "-s", "--eval", "print-job: ; @echo $(JOB)", "print-job"], project)
-    assert (project / job.stdout.strip()).is_file(), job.stdout + job.stderr
+    job = make_value(project, "JOB")
+    assert (project / job).is_file(), job
     train = dry("train", "ARGS=train.epochs=1")
     assert f"-m {slug} train $ARGS" in train
     if answers["environment"] == "apptainer":

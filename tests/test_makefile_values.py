@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from engines import ROOT
+from engines import ROOT, make_value
 
 if TYPE_CHECKING:
     from engines import Bake
@@ -52,9 +52,7 @@ def test_every_exported_default_is_what_make_holds(default_bake: Bake) -> None:
         text = (folder / "Makefile").read_text(encoding="utf-8")
         defaults = dict(re.findall(r"^([A-Z_]+) \?= *(\S*)$", text, re.M))
         for name in sorted(name for name in exported(text) if defaults.get(name)):
-            show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value"]
-            held = subprocess.run(show, cwd=folder, capture_output=True, text=True, check=True)
-            assert held.stdout.strip(), f"{folder / 'Makefile'}: {name} lost its default"
+            assert make_value(folder, name), f"{folder / 'Makefile'}: {name} lost its default"
 
 
 def run_make(folder: Path, target: str, **values: str) -> subprocess.CompletedProcess[str]:

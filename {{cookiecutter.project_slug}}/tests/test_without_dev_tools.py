@@ -40,9 +40,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 )
 
 
-def test_the_suite_collects_without_the_dev_group() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", COLLECT],
+def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code args...` in the project, its package importable."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
         cwd=ROOT,
         env=cli_env(ROOT),
         capture_output=True,
@@ -50,6 +51,10 @@ def test_the_suite_collects_without_the_dev_group() -> None:
         timeout=600,
         check=False,
     )
+
+
+def test_the_suite_collects_without_the_dev_group() -> None:
+    done = python(COLLECT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     skipped = {
         line.split()[2].split(":")[0]
@@ -63,14 +68,6 @@ def test_the_suite_collects_without_the_dev_group() -> None:
 
 @pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("bench_*.py")), ids=str)
 def test_a_benchmark_runs_without_pytest(script: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", BENCHMARK, str(script)],
-        cwd=ROOT,
-        env=cli_env(ROOT),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = python(BENCHMARK, str(script))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("usage: "), done.stdout[:500]

@@ -30,6 +30,7 @@ from template_status import (
     Status,
     StatusError,
     Templates,
+    _git_bytes,
     conflict_markers,
     load_record,
     project_status,
@@ -87,13 +88,9 @@ def run_engine(command: list[str], root: Path, what: str) -> None:
 
 def check_ref(repo: Path, ref: str, source: str) -> None:
     """Refuse a ``ref`` the template does not have, naming its newest releases."""
-    found = subprocess.run(  # noqa: S603
-        ["git", "rev-parse", "--verify", "--quiet", ref + "^{commit}"],  # noqa: S607
-        cwd=repo,
-        capture_output=True,
-        check=False,
-    )
-    if found.returncode != 0:
+    missing, _ = _git_bytes("rev-parse", "--verify", "--quiet", ref + "^{commit}", cwd=repo,
+                            ok=range(2))  # fmt: skip
+    if missing:
         tags = [tag for _, tag in sorted(releases(repo).items(), reverse=True)]
         newest = ", ".join(tags[:5]) or "none"
         message = f"REF={ref}: the template {source} has no such release (newest: {newest})"
@@ -112,7 +109,8 @@ def update_command(status: Status, ref: str) -> list[str]:
 
 def update(root: Path, ref: str | None) -> int:
     """Take the release ``ref`` (default: the newest); the exit status of `make update`."""
-    if recorded_source(root) is None:
+    recorded = recorded_source(root)
+    if recorded is None:
         load_record(root)  # a project of this template at all?
         raise StatusError(
             "made with plain cookiecutter, which cannot update: link the project once with "
@@ -121,10 +119,8 @@ def update(root: Path, ref: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="template-update-") as tmp:
         templates = Templates(Path(tmp))
         status = project_status(root, None, templates)
-        if ref is not None:
-            source = recorded_source(root)
-            assert source is not None  # checked above
-            check_ref(templates.get(resolve_local(source[0], root)), ref, source[0])
+        if ref is not None:  # the clone project_status made (Templates keeps one a source)
+            check_ref(templates.get(resolve_local(recorded[0], root)), ref, recorded[0])
     _ready(status)
     if ref is None and not status.behind_by:
         print(f"Up to date: no release after {status.recorded}.")
