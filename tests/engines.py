@@ -45,15 +45,25 @@ def _tool(name: str) -> str:
     return str(found) if found.exists() else shutil.which(name) or name
 
 
+def shell_env(**extra: str) -> dict[str, str]:
+    """This process's environment as a user's shell has it: no outer make around it.
+
+    Under `make test-all` the tests inherit make's recursion variables, and a make they start
+    then prints "make[1]: ***" and takes the outer command line's flags and overrides.
+    """
+    outer = {"MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"}
+    return {**{k: v for k, v in os.environ.items() if k not in outer}, **extra}
+
+
 def make_value(folder: Path, name: str, *args: str) -> str:
     """What the Makefile in ``folder`` holds in ``name`` (with the ``VAR=value`` of ``args``).
 
     The value an exported variable gives a recipe's "$NAME", which `make -n` does not show.
-    Run without an outer make's recursion variables, as a user runs it.
     """
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     show = ["make", "-s", "--eval", f"show-value: ; @echo $({name})", "show-value", *args]
-    done = subprocess.run(show, cwd=folder, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        show, cwd=folder, env=shell_env(), capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

@@ -9,7 +9,6 @@ the three test files; tests that change files work on a copy (``working_copy``).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import BIN, Bake, bake
+from engines import BIN, Bake, bake, shell_env
 
 ROOT = Path(__file__).resolve().parent.parent
 CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
@@ -123,7 +122,7 @@ def run(
     """
     # Without the outer `make test-all`'s recursion variables: a generated project's make then
     # runs (and prints) as it does for its users, without "make[1]: Entering directory".
-    merged = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    merged = shell_env()
     for key, value in (env or {}).items():
         if value is None:
             merged.pop(key, None)

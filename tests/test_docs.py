@@ -31,7 +31,7 @@ from typing import Any
 import gen_options_doc  # tools/ is on pytest's pythonpath
 import pytest
 import yaml
-from engines import Bake, bake, make_value
+from engines import Bake, bake, make_value, shell_env
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -542,11 +542,10 @@ def test_demo_installs_only_what_the_demo_needs(default_bake: Bake) -> None:
     assert "-r requirements-demo.txt" in makefile.split("$(DEMO_STAMP):", 1)[1].split("\n\n")[0]
     # The install as make runs it: torch alone from the CPU index, then the rest with torch
     # named again, or torch's own dependencies (typing-extensions, sympy, ...) never come in.
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     dry = subprocess.run(
         ["make", "-n", "-B", "build/demo-env/.installed"],
         cwd=ROOT,
-        env=env,
+        env=shell_env(),
         capture_output=True,
         text=True,
         check=True,

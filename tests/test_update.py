@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, git, snapshot_template
-from engines import BIN, Bake, bake, rules, status_tool
+from engines import BIN, Bake, bake, rules, shell_env, status_tool
 from pathspec import PathSpec
 from sync_questions import copier_skip_patterns
 from test_docs_tutorial import missing_lines
@@ -69,15 +69,14 @@ def _next(version: str, step: int) -> str:
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """A command as a user's shell runs it: the engines on PATH, no terminal to ask on."""
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_AUTHOR_NAME": "Test",
-        "GIT_AUTHOR_EMAIL": "test@example.org",
-        "GIT_COMMITTER_NAME": "Test",
-        "GIT_COMMITTER_EMAIL": "test@example.org",
-    }
+    env = shell_env(
+        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_AUTHOR_NAME="Test",
+        GIT_AUTHOR_EMAIL="test@example.org",
+        GIT_COMMITTER_NAME="Test",
+        GIT_COMMITTER_EMAIL="test@example.org",
+    )
     return subprocess.run(
         args, cwd=cwd, capture_output=True, text=True, check=False, env=env,
         stdin=subprocess.DEVNULL,
