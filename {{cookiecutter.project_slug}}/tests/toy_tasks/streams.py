@@ -12,7 +12,7 @@
 Validation is a plain stream too.
 """
 
-import importlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +71,10 @@ class Counted(IterableDataset):
 
 
 def from_row(row: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    # datasets 5 pauses 5 s at the end of each shuffled pass over parquet files (a guard
+    # against an Arrow crash at thread shutdown): with 600 rows, all the time. Set here, in
+    # the worker that reads the rows (a fork server's worker shares nothing with the task).
+    sys.modules["datasets.config"].SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
     return torch.tensor(row["x"]), row["y"]
 
 
@@ -104,9 +108,6 @@ class Streams(api.Classification):
         if o.kind == "stateful":
             train = api.ShuffleBuffer(Counted(o.n), o.buffer, seed=self.cfg.run.seed)
         elif o.kind == "hf":
-            # datasets 5 pauses 5 s at the end of each shuffled pass over parquet files (a
-            # guard against an Arrow crash at thread shutdown): with 600 rows, all the time.
-            importlib.import_module("datasets.config").SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
             folder = self.settings.data_dir / "external" / "streams" if o.external else data_dir
             files = sorted(folder.glob("train-*.parquet"))
             buffer = o.buffer if o.shuffle else 0

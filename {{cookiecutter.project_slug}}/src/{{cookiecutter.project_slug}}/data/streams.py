@@ -26,6 +26,7 @@ yield the same first batch).
 """
 
 import hashlib
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, islice
@@ -177,6 +178,14 @@ class StreamFeed(IterableDataset):
             yield batch, Tag(worker, pulled, made, state, digest)
             first = False
 
+    def __reduce__(self) -> tuple[Callable[..., "StreamFeed"], tuple[bytes]]:
+        """Sent to a worker by value (plain pickle), never through torch's shared memory.
+
+        The workers of a fork server receive the feed pickled; torch's sharing of tensors
+        between processes cannot send an empty one, which a resumed position may hold.
+        """
+        return _feed_from, (pickle.dumps(vars(self)),)
+
     def _batch(self, items: list[Any]) -> Batch:
         """The first batch, with the clear line `check_first_sample` gives map-style data."""
         if self.check_items:
@@ -191,6 +200,13 @@ class StreamFeed(IterableDataset):
             raise DataError(
                 f"{self.where}: its first samples cannot be batched ({message}); {hint}"
             ) from None
+
+
+def _feed_from(fields: bytes) -> StreamFeed:
+    """A `StreamFeed` again, from what its `__reduce__` sent."""
+    feed = StreamFeed.__new__(StreamFeed)
+    feed.__dict__.update(pickle.loads(fields))  # noqa: S301  (sent by this process's parent)
+    return feed
 
 
 def content_digest(value: Any) -> str:

@@ -10,8 +10,19 @@ processes vote before each optimizer step's group of batches (one small all-redu
 host) and all stop on the same group when any one has no full group left, so no process
 waits in a collective the others never join. What is left in the longer streams of that
 epoch is skipped, as `drop_last` does for map-style data.
+
+A pass's workers are forked by a fork server (`multiprocessing`'s "forkserver"), not by the
+training process: CPython up to 3.11.9 (gh-112275, fixed in 3.11.10 and 3.12) can hang a
+child forked while another thread of the parent holds the interpreter's list of threads,
+and a training process has such threads (communication, background saves) when each pass
+starts. Seen here as a pass that never began on one process of two, about one run in ten
+under load. The server is one clean process that imported torch once; the stream is sent to
+each worker pickled, so it must be picklable (a class at module level, as the task's own).
 """
 
+import multiprocessing
+import multiprocessing.forkserver
+import pickle
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import islice
@@ -62,6 +73,32 @@ def in_turns(
         turn = active[index % len(active)] if active else turn
 
 
+def fork_server(stream: object) -> multiprocessing.context.BaseContext:
+    """The context whose server forks the workers, started now with what `stream` needs.
+
+    The server starts once per process and keeps what it imported then: torch, this package
+    and the module of the stream's class (the task's, with its imports). It starts while the
+    trainer builds the model and reads the checkpoint, not when the first pass waits for it.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", StreamFeed.__module__, type(stream).__module__])
+    multiprocessing.forkserver.ensure_running()
+    return context
+
+
+def check_picklable(stream: object, where: str) -> None:
+    """Refuse, in one line, a stream that cannot be sent to a fork server's workers."""
+    try:
+        pickle.dumps(stream)
+    except (pickle.PicklingError, AttributeError, TypeError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"{where}: cannot be sent to its DataLoader workers ({message}): define the "
+            "stream's class at module level, with no lambda or open generator in it "
+            "(docs/bring-your-own-task.md, 'Streams'), or set data.num_workers=0"
+        ) from None
+
+
 class StreamBatches:
     """This process's batches of a stream, by epoch, with a position a checkpoint holds.
 
@@ -92,6 +129,10 @@ class StreamBatches:
         self.next_worker = 0  # whose batch comes next
         self.resume: dict[int, Mapping[str, Any]] = {}  # the saved tags, for the next pass
         self.live: Iterator[Any] | None = None
+        self.context = None
+        if num_workers > 0:
+            check_picklable(stream, where)
+            self.context = fork_server(stream)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; a new epoch starts every worker from its beginning."""
@@ -142,6 +183,7 @@ class StreamBatches:
     def _loader(self, feed: StreamFeed) -> DataLoader:
         return DataLoader(
             feed,
+            multiprocessing_context=self.context,
             batch_size=None,  # the feed makes the batches
             collate_fn=_as_is,
             num_workers=self.workers,
