@@ -459,9 +459,32 @@ def test_script_paths_shown_exist(bakes: dict[str, Bake]) -> None:
 # --------------------------------------------------------------------------- generated README
 
 
+CLUSTER_STEPS = "## First steps on the cluster"
+
+
 def readme_first_screen(project: Path) -> str:
+    """The cluster's command block (the README's second, after the laptop's)."""
     text = (project / "README.md").read_text("utf-8")
-    return fenced_blocks(text)[0][1]
+    return fenced_blocks(text.split(CLUSTER_STEPS, 1)[1])[0][1]
+
+
+def test_generated_readme_opens_with_the_laptop_route(bakes: dict[str, Bake]) -> None:
+    """What the project is, the laptop's two commands, then the cluster (docs/tutorial.md)."""
+    for name, baked in bakes.items():
+        text = (baked.project / "README.md").read_text("utf-8")
+        laptop, cluster = text.split(CLUSTER_STEPS, 1)
+        assert len(laptop) < 1200, f"{name}: the cluster steps are off the first screen"
+        commands = fenced_blocks(laptop)[0][1].splitlines()
+        assert len(commands) == 2, f"{name}: {commands}"
+        assert commands[0].startswith("make install-cpu && "), name
+        slug = baked.project.name
+        example = (baked.project / "src" / slug / "tasks" / "digits.py").is_file()
+        second = f"{slug} prepare && {slug} train" if example else "make test"
+        assert commands[1].startswith(second), f"{name}: {commands[1]!r}"
+        assert len({line.index("  # ") for line in commands}) == 1, f"{name}: comment columns"
+        assert "[`docs/tutorial.md`](docs/tutorial.md)" in laptop
+        assert (baked.project / "docs" / "tutorial.md").is_file()
+        assert "make install" in fenced_blocks(cluster)[0][1]
 
 
 def test_generated_readme_first_screen_venv_grete(default_bake: Bake) -> None:

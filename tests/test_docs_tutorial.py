@@ -398,6 +398,33 @@ def test_generated_sweep_guide_runs_as_shown(
     run_page(default_bake.project / "docs" / "sweeps.md", template, default_bake, tmp_path)
 
 
+@pytest.mark.slow
+def test_generated_tutorial_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's own tutorial (docs/tutorial.md): prepare, train, stop, resume, compare."""
+    run_page(default_bake.project / "docs" / "tutorial.md", template, default_bake, tmp_path)
+
+
+NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
+
+
+def test_generated_tutorial_blocks_run_or_say_why(default_bake: Bake) -> None:
+    """Each command block runs in the tests, or says why not and names the test covering it."""
+    lines = (default_bake.project / "docs" / "tutorial.md").read_text("utf-8").splitlines()
+    marked = [i for i, line in enumerate(lines) if line.strip() == "```bash"]
+    assert len(marked) >= 6
+    for i in marked:
+        marker = next(line.strip() for line in reversed(lines[:i]) if line.strip())
+        if marker == RUN:
+            continue
+        reason = NOT_RUN.fullmatch(marker)
+        assert reason, f"docs/tutorial.md line {i + 1}: a command block neither runs nor says why"
+        named = re.findall(r"tests/\w+\.py", reason.group(1))
+        assert named, f"docs/tutorial.md line {i + 1}: no test named in {marker!r}"
+        assert all((ROOT / name).is_file() for name in named), named
+
+
 def test_some_howto_has_runnable_blocks() -> None:
     assert HOWTOS, "no how-to page marks a runnable block"
 
