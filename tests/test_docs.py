@@ -122,6 +122,70 @@ def documents(bakes: dict[str, Bake]) -> dict[str, tuple[Path, str]]:
     return {k: (p, p.read_text("utf-8")) for k, p in docs.items()}
 
 
+# --------------------------------------------------------------------------- docs as tests
+
+COMMANDS = {"bash", "sh", "console", "shell"}  # blocks of commands (``text`` shows output)
+RUN_MARK = "<!-- run -->"
+NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
+
+
+def unaccounted_blocks(text: str, roots: list[Path]) -> list[str]:
+    """Command blocks that neither run in the tests nor say why not and which test covers them.
+
+    A block runs when `<!-- run -->` comes before it (tests/test_docs_tutorial.py runs those
+    pages). Otherwise `<!-- not run: <why>; <the test covering it> -->` must: the test named
+    as `tests/<file>.py`, found below one of `roots` (the template, or the project).
+    """
+    lines = text.splitlines()
+    problems = []
+    for i, line in enumerate(lines):
+        opening = line.strip()
+        if not opening.startswith("```") or opening[3:].strip() not in COMMANDS:
+            continue
+        marker = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        if marker == RUN_MARK:
+            continue
+        if not (reason := NOT_RUN.fullmatch(marker)):
+            problems.append(f"line {i + 1}: neither <!-- run --> nor <!-- not run: ... -->")
+            continue
+        named = re.findall(r"tests/\w+\.py", reason.group(1))
+        if not named:
+            problems.append(f"line {i + 1}: the reason names no test (tests/<file>.py)")
+        problems += [
+            f"line {i + 1}: {name} does not exist"
+            for name in named
+            if not any((root / name).is_file() for root in roots)
+        ]
+    return problems
+
+
+def test_every_command_block_runs_or_says_why(bakes: dict[str, Bake]) -> None:
+    """Docs as tests: each command block of every page (template and projects) is accounted for."""
+    pages = documents(bakes)
+    for name, baked in bakes.items():
+        data = baked.project / "data" / "README.md"
+        pages[f"{name}:data/README.md"] = (data, data.read_text("utf-8"))
+    problems = []
+    for name, (path, text) in pages.items():
+        project = next((b.project for b in bakes.values() if path.is_relative_to(b.project)), ROOT)
+        problems += [f"{name} {p}" for p in unaccounted_blocks(text, [ROOT, project])]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_block_without_its_reason_or_test_is_found() -> None:
+    fence = ["```bash", "make x", "```"]
+    assert unaccounted_blocks("\n".join(fence), [ROOT]) == [
+        "line 1: neither <!-- run --> nor <!-- not run: ... -->"
+    ]
+    vague = "\n".join(["<!-- not run: needs a cluster -->", *fence])
+    no_test = "line 2: the reason names no test (tests/<file>.py)"
+    assert unaccounted_blocks(vague, [ROOT]) == [no_test]
+    gone = "\n".join(["<!-- not run: cluster; tests/test_gone.py -->", *fence])
+    assert unaccounted_blocks(gone, [ROOT]) == ["line 2: tests/test_gone.py does not exist"]
+    fine = "\n".join(["<!-- not run: cluster; tests/test_docs.py -->", *fence, RUN_MARK, *fence])
+    assert unaccounted_blocks(fine, [ROOT]) == []
+
+
 # --------------------------------------------------------------------------- the site
 
 

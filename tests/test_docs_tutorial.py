@@ -10,7 +10,8 @@ After `<!-- expect exact -->` the block is the whole output instead: one line fo
 non-empty output line, each matching all of it, none left out and none added. Listings
 (`ls`) are shown this way, so a file that a change adds to the listed folder fails here
 until the page shows it.
-Steps that need a cluster carry no marker and are not run; the test stands in for the
+Steps that need a cluster are marked `<!-- not run: why; which test covers it -->` (checked
+in tests/test_docs.py) and are not run; the test stands in for the
 tutorial's environment step by putting the project's command on PATH (`python -m <slug>`
 with `src/` on PYTHONPATH).
 """
@@ -404,25 +405,6 @@ def test_generated_tutorial_runs_as_shown(
 ) -> None:
     """The project's own tutorial (docs/tutorial.md): prepare, train, stop, resume, compare."""
     run_page(default_bake.project / "docs" / "tutorial.md", template, default_bake, tmp_path)
-
-
-NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
-
-
-def test_generated_tutorial_blocks_run_or_say_why(default_bake: Bake) -> None:
-    """Each command block runs in the tests, or says why not and names the test covering it."""
-    lines = (default_bake.project / "docs" / "tutorial.md").read_text("utf-8").splitlines()
-    marked = [i for i, line in enumerate(lines) if line.strip() == "```bash"]
-    assert len(marked) >= 6
-    for i in marked:
-        marker = next(line.strip() for line in reversed(lines[:i]) if line.strip())
-        if marker == RUN:
-            continue
-        reason = NOT_RUN.fullmatch(marker)
-        assert reason, f"docs/tutorial.md line {i + 1}: a command block neither runs nor says why"
-        named = re.findall(r"tests/\w+\.py", reason.group(1))
-        assert named, f"docs/tutorial.md line {i + 1}: no test named in {marker!r}"
-        assert all((ROOT / name).is_file() for name in named), named
 
 
 def test_some_howto_has_runnable_blocks() -> None:
