@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import io
+import pickle
 import shutil
 import tarfile
 from pathlib import Path
@@ -52,6 +53,17 @@ def test_a_stream_its_workers_cannot_receive_is_one_line() -> None:
     assert str(refused.value).startswith("task t: train: cannot be sent to its DataLoader")
     assert "Local" in str(refused.value) and "data.num_workers=0" in str(refused.value)
     assert stream_batches.StreamBatches(Local(), num_workers=0, **options).context is None
+
+
+def test_workers_receive_the_task_without_its_training_state() -> None:
+    """A task's `collate` (a method) takes the task to the workers, not its averaged weights."""
+    task = load()
+    task.averaged = pkg("api").EMA(0.9)
+    task.averaged.attach(torch.nn.Linear(64, 64))
+    task.where = pkg("task").Where(3, 0, None)
+    sent = pickle.loads(pickle.dumps(task.collate))  # noqa: S301  (as the workers get it)
+    assert sent.__self__.averaged is None and task.averaged.tensors
+    assert sent.__self__.options == task.options and sent.__self__.where.step == 3
 
 
 def load(*overrides: str) -> Any:

@@ -136,6 +136,16 @@ class Task(ABC):
         self.options: Any = self.Options(**cfg.task.options)
         self.where = Where()  # set by the trainer before each batch it trains on
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The task as a stream's DataLoader workers receive it (its `collate` is a method).
+
+        Without its training state: the averaged weights (a copy of the model) and what
+        `record` and `keep` hold stay in the training process.
+        """
+        return {
+            k: v for k, v in self.__dict__.items() if k not in {"averaged", "_recorded", "_kept"}
+        }
+
     @property
     def name(self) -> str:
         """The task's name (`task.name`)."""

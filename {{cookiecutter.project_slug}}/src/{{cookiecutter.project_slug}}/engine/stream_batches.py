@@ -13,11 +13,12 @@ epoch is skipped, as `drop_last` does for map-style data.
 
 A pass's workers are forked by a fork server (`multiprocessing`'s "forkserver"), not by the
 training process: CPython up to 3.11.9 (gh-112275, fixed in 3.11.10 and 3.12) can hang a
-child forked while another thread of the parent holds the interpreter's list of threads,
-and a training process has such threads (communication, background saves) when each pass
-starts. Seen here as a pass that never began on one process of two, about one run in ten
-under load. The server is one clean process that imported torch once; the stream is sent to
-each worker pickled, so it must be picklable (a class at module level, as the task's own).
+child forked while another thread of the parent holds the interpreter's lock on its list of
+threads, and a training process runs other threads (communication, background saves, the
+last pass's queues) when a pass starts. Seen here as a pass that never began on one process
+of two, about one run in ten under load. The server is one clean process that imported torch
+once; the stream and the task's collate go to each worker pickled, so they must be picklable
+(defined at module level, as in a task module).
 """
 
 import multiprocessing
@@ -86,16 +87,17 @@ def fork_server(stream: object) -> multiprocessing.context.BaseContext:
     return context
 
 
-def check_picklable(stream: object, where: str) -> None:
-    """Refuse, in one line, a stream that cannot be sent to a fork server's workers."""
+def check_picklable(sent: object, where: str) -> None:
+    """Refuse, in one line, a stream or collate that cannot go to a fork server's workers."""
     try:
-        pickle.dumps(stream)
+        pickle.dumps(sent)
     except (pickle.PicklingError, AttributeError, TypeError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(
             f"{where}: cannot be sent to its DataLoader workers ({message}): define the "
-            "stream's class at module level, with no lambda or open generator in it "
-            "(docs/bring-your-own-task.md, 'Streams'), or set data.num_workers=0"
+            "stream's class and the task's collate at module level, with no lambda or open "
+            "generator in them (docs/bring-your-own-task.md, 'Streams'), or set "
+            "data.num_workers=0"
         ) from None
 
 
@@ -131,7 +133,7 @@ class StreamBatches:
         self.live: Iterator[Any] | None = None
         self.context = None
         if num_workers > 0:
-            check_picklable(stream, where)
+            check_picklable((stream, collate), where)
             self.context = fork_server(stream)
 
     def set_epoch(self, epoch: int) -> None:
