@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 
 # The module an extra's distribution is imported as, where the two differ.
 IMPORT_NAMES = {"mlflow-skinny": "mlflow"}
-# pytest in a child where modules are absent as if never installed: a None in sys.modules
+# pytest in a child where modules may be absent as if never installed: a None in sys.modules
 # makes `import` fail with ModuleNotFoundError and `importlib.util.find_spec` return None.
 ABSENT = """
 import sys
@@ -24,21 +24,28 @@ sys.exit(__import__("pytest").main(sys.argv[1:]))
 """
 
 
-def test_default_project_suite_passes(default_bake: Bake) -> None:
-    project = default_bake.project
-    # The project is not installed into this environment: `src` on the path stands in for
-    # `pip install -e .`, which would only add the same files.
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+def project_pytest(project: Path, *args: str, absent: set[str] | None = None) -> str:
+    """The project's own pytest run with `args` (the `absent` modules missing); its output.
+
+    The project is not installed into this environment: `src` on the path stands in for
+    `pip install -e .`, which would only add the same files.
+    """
+    code = ABSENT.format(absent=sorted(absent or ()))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-c", code, "-q", "-p", "no:cacheprovider", *args],
         cwd=project,
         capture_output=True,
         text=True,
         check=False,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout.splitlines()[-1]
+    return done.stdout
+
+
+def test_default_project_suite_passes(default_bake: Bake) -> None:
+    out = project_pytest(default_bake.project)
+    assert " passed" in out.splitlines()[-1]
 
 
 def test_data_a_user_prepared_never_fails_the_suite(default_bake: Bake, tmp_path: Path) -> None:
@@ -50,14 +57,8 @@ def test_data_a_user_prepared_never_fails_the_suite(default_bake: Bake, tmp_path
     prepared = project / "data" / "processed" / "hub_lm"
     prepared.mkdir(parents=True)
     (prepared / "train.index.pt").write_bytes(b"")
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-         "tests/test_task_contract.py", "-k", "hub_lm"],
-        cwd=project, capture_output=True, text=True, check=False, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "task hub_lm: model.init_from: task hub_lm needs a model folder" in done.stdout
+    out = project_pytest(project, "-rs", "tests/test_task_contract.py", "-k", "hub_lm")
+    assert "task hub_lm: model.init_from: task hub_lm needs a model folder" in out
 
 
 def extras_modules(project: Path) -> set[str]:
@@ -77,20 +78,10 @@ def test_default_project_quick_suite_passes_without_any_extra(default_bake: Bake
 
     The full suite above runs with every extra installed (this environment has them all).
     """
-    project = default_bake.project
-    absent = extras_modules(project)
+    absent = extras_modules(default_bake.project)
     assert {"transformers", "datasets", "optuna", "torchmetrics", "mlflow"} <= absent
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
-    args = ["-q", "-rs", "-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    done = subprocess.run(
-        [sys.executable, "-c", ABSENT.format(absent=sorted(absent)), *args],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    args = ("-rs", "-m", "not slow", "-p", "no:xdist")
+    out = project_pytest(default_bake.project, *args, absent=absent)
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
     named = {extra for line in skipped for extra in re.findall(r"the (\w+) extra", line)}
     assert "hf" in named and len(named) >= 3, skipped  # each skip names what to install
