@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,45 @@ def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) ->
     finally:
         holder.communicate("")
     assert trainer.train(task.cfg, task).exit_code == 0  # the lock goes with its holder
+
+
+def test_a_job_refused_just_after_the_lock_was_taken_still_names_its_holder(
+    project: Path,
+) -> None:
+    """Two array tasks start together: the second may look before the first wrote its name."""
+    path = project / "runs" / "race" / ".lock"
+    path.parent.mkdir(parents=True)
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\n"
+        "sys.stdin.readline()\nos.pwrite(fd, b'job 7, pid 1 on node1\\n', 0)\n"
+        "print('named', flush=True)\nsys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    refused: list[str] = []
+
+    def second_job() -> None:
+        try:
+            with checkpoint.lock_run_dir(path.parent):
+                refused.append("not refused")
+        except ConfigError as err:
+            refused.append(str(err))
+
+    try:
+        assert holder.stdout.readline() == "locked\n"  # held, with no name in the file yet
+        looking = threading.Thread(target=second_job)
+        looking.start()
+        holder.stdin.write("name yourself\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "named\n"
+        looking.join()
+    finally:
+        holder.communicate("")
+    assert len(refused) == 1 and "is in use by job 7, pid 1 on node1;" in refused[0], refused
 
 
 def test_a_lock_whose_holder_was_killed_is_taken_over_with_a_line(

@@ -45,6 +45,7 @@ MANIFEST = "manifest.json"
 # Manifests of earlier releases hold SHA-256 sums and are still read.
 DIGEST = "xxh3_128"
 READ_THREADS = 4  # files of a checkpoint read (verified) at once
+HOLDER_WAIT_S = 10.0  # the longest a refused job waits for the lock's holder to name itself
 _ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
@@ -92,7 +93,7 @@ def lock_run_dir(run_dir: Path, say: Callable[[str], None] = print) -> Iterator[
             if err.errno == errno.ENOLCK:  # a file system without locks: carry on unprotected
                 print(f"warning: cannot lock {path} ({err})", file=sys.stderr)
             else:
-                holder = _holder(fd) or "another process"
+                holder = _named_holder(fd) or "another process"
                 raise ConfigError(
                     f"run.name: run directory {run_dir} is in use by {holder}; wait for it or "
                     "choose another run.name"
@@ -116,6 +117,18 @@ def lock_run_dir(run_dir: Path, say: Callable[[str], None] = print) -> Iterator[
 def _holder(fd: int) -> str:
     """The holder a lock file names (empty when none)."""
     return os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+
+
+def _named_holder(fd: int) -> str:
+    """The name of a lock's live holder, which writes it just after taking the lock.
+
+    Read until it is there (an array's tasks start together, and the second may look in
+    between), for at most HOLDER_WAIT_S on a loaded machine; empty when it never came.
+    """
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while not (holder := _holder(fd)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return holder
 
 
 @contextlib.contextmanager
