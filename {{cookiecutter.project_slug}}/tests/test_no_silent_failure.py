@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,36 @@ def test_without_a_stop_signal_the_previous_handlers_come_back() -> None:
     with preemption.catch_stop_signals():
         pass
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def ended(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_worker_ends_when_its_parent_is_killed_outright(project: Path) -> None:
+    """kill -9 of the training process (or of the fork server): no worker stays behind."""
+    code = (
+        f"import os, time\nfrom {PACKAGE}.engine.preemption import end_with_parent\n"
+        "if os.fork() == 0:\n    end_with_parent()\n    print(os.getpid(), flush=True)\n"
+        "    time.sleep(600)\n    os._exit(0)\ntime.sleep(600)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], env=cli_env(project), stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())  # it has asked to end with its parent
+        parent.kill()
+    deadline = time.monotonic() + 60  # an upper bound on a loaded machine; it ends at once
+    while not ended(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ended(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived its parent")
 
 
 def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) -> None:

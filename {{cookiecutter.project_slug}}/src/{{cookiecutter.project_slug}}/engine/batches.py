@@ -30,7 +30,7 @@ from torch.utils.data import (
 from ..errors import DataError
 from ..task import Batch, batch_seed, check_structure, seeded_batch
 from .distributed import DistEnv
-from .preemption import ignore_stop_signals
+from .preemption import start_worker
 from .stream_batches import StreamBatches, is_stream
 from .transfer import Collate, stop_workers, to_device
 
@@ -213,7 +213,7 @@ def make_loader(
         pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
-        worker_init_fn=ignore_stop_signals,
+        worker_init_fn=start_worker,
         # Its own generator: creating an iterator must not consume the global RNG, or a
         # resumed run would see different dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(seed),

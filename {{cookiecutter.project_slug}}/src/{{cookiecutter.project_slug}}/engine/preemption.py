@@ -12,8 +12,10 @@ USR1 does, instead of losing the work since the last checkpoint; a second one st
 (KeyboardInterrupt), without a new checkpoint.
 """
 
+import ctypes
 import os
 import signal
+import sys
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +27,7 @@ EXIT_DIVERGED = 4
 """Exit code of `train` meaning: the loss or weights became NaN/inf; last finite checkpoint kept."""
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal this process gets when its parent ends
 
 
 class StopRequest:
@@ -82,8 +85,25 @@ def catch_stop_signals() -> Iterator[StopRequest]:
             signal.signal(sig, signal.SIG_IGN if keep else handler)
 
 
-def ignore_stop_signals(_worker_id: int = 0) -> None:
-    """DataLoader `worker_init_fn`: workers leave stop signals (Ctrl-C too) to the main process.
+def start_worker(_worker_id: int = 0) -> None:
+    """DataLoader `worker_init_fn`: stop signals left to the main process, gone with it."""
+    ignore_stop_signals()
+    end_with_parent()
+
+
+def end_with_parent() -> None:
+    """Linux: this process is killed when its parent ends.
+
+    A worker's parent is the training process, or the fork server that ends with it. When the
+    training process is killed outright, a worker would otherwise stay behind (seen after a
+    killed job): torch's worker then waits at its exit for a queue that nobody reads.
+    """
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def ignore_stop_signals() -> None:
+    """Leave stop signals (Ctrl-C too) to the main process: a worker does not stop on them.
 
     Slurm signals every process of a job step; a worker killed by SIGTERM would make the main
     process fail on its next batch before it could write the checkpoint.

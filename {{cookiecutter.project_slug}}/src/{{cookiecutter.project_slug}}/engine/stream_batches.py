@@ -37,7 +37,7 @@ from ..errors import DataError
 from ..task import Batch
 from . import distributed
 from .distributed import DistEnv
-from .preemption import ignore_stop_signals
+from .preemption import start_worker
 from .transfer import Collate, stop_workers, to_device
 
 
@@ -191,7 +191,7 @@ class StreamBatches:
             num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
             prefetch_factor=self.prefetch if self.workers > 0 else None,
-            worker_init_fn=ignore_stop_signals,
+            worker_init_fn=start_worker,
             # Its own generator: starting a pass must not draw from the global one, or a
             # resumed run would see other dropout masks than an uninterrupted one.
             generator=torch.Generator().manual_seed(self.seed),

@@ -28,7 +28,7 @@ def to_device(batch: Batch, device: torch.device, channels_last: bool = False) -
 def stop_workers(iterator: object) -> None:
     """End a DataLoader iterator's worker processes now, whoever still holds the iterator.
 
-    Workers ignore SIGTERM (see `ignore_stop_signals`), so multiprocessing's exit handler,
+    Workers ignore SIGTERM (see `preemption.start_worker`), so multiprocessing's exit handler,
     which terminates and joins them, would wait forever for workers whose iterator a traceback
     keeps alive. The iterator's own shutdown (what its `__del__` runs: a done event, then a
     join) is called here explicitly; a worker still busy after that (stuck in task code) is
