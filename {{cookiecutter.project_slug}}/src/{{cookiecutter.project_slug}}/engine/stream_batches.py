@@ -82,7 +82,8 @@ def fork_server(stream: object) -> multiprocessing.context.BaseContext:
     trainer builds the model and reads the checkpoint, not when the first pass waits for it.
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", StreamFeed.__module__, type(stream).__module__])
+    first = f"{__package__}.fork_server_start"  # stop signals are the training process's
+    context.set_forkserver_preload([first, "torch", StreamFeed.__module__, type(stream).__module__])
     multiprocessing.forkserver.ensure_running()
     return context
 
