@@ -9,15 +9,18 @@ the three test files; tests that change files work on a copy (``working_copy``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engines import BIN, Bake, bake, shell_env
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 CC = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
@@ -253,3 +256,45 @@ def install_fake_apptainer(bin_dir: Path) -> Path:
     fake.write_text(FAKE_APPTAINER)
     fake.chmod(0o755)
     return bin_dir
+
+
+# The module an extra's distribution is imported as, where the two differ.
+IMPORT_NAMES = {"mlflow-skinny": "mlflow"}
+# pytest in a child where modules may be absent as if never installed: a None in sys.modules
+# makes `import` fail with ModuleNotFoundError and `importlib.util.find_spec` return None.
+ABSENT = """
+import sys
+sys.modules.update(dict.fromkeys({absent!r}))
+sys.exit(__import__("pytest").main(sys.argv[1:]))
+"""
+
+
+def project_pytest(project: Path, *args: str, absent: set[str] | None = None) -> str:
+    """The project's own pytest run with `args` (the `absent` modules missing); its output.
+
+    The project is not installed into this environment: `src` on the path stands in for
+    `pip install -e .`, which would only add the same files.
+    """
+    code = ABSENT.format(absent=sorted(absent or ()))
+    done = subprocess.run(
+        [sys.executable, "-c", code, "-q", "-p", "no:cacheprovider", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def extras_modules(project: Path) -> set[str]:
+    """The modules of every optional extra of the project's pyproject.toml."""
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text("utf-8"))
+    names = {
+        Requirement(line).name
+        for lines in pyproject["project"]["optional-dependencies"].values()
+        for line in lines
+    }
+    names.discard("torch")  # uv's torch-build extras name torch itself: never absent
+    return {IMPORT_NAMES.get(name, name) for name in names}
