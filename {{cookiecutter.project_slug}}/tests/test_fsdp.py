@@ -117,17 +117,17 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     assert checkpoint.load_latest(runs / "s" / "checkpoints")["position"]["step"] == 42
 
 
-SLOW_HASH = """
+SLOW_SAVE = """
 import os, time
 if os.environ.get("SLURM_PROCID") == "0":
     from {package}.engine import checkpoint
-    digest, slow = checkpoint.file_digest, set()
-    def file_digest(path, *args):
-        if path.parent not in slow:  # once per checkpoint: a disk far slower than the timeout
-            slow.add(path.parent)
+    write, slow = checkpoint.write_manifest, set()
+    def write_manifest(path, *args):
+        if path not in slow:  # once per checkpoint: a disk far slower than the timeout
+            slow.add(path)
             time.sleep(float(os.environ["SLOW_SAVE_S"]))
-        return digest(path, *args)
-    checkpoint.file_digest = file_digest
+        return write(path, *args)
+    checkpoint.write_manifest = write_manifest
 """
 
 
@@ -135,10 +135,10 @@ def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
     project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Fault injection without a hook in the package: a sitecustomize module on the children's
-    # path makes rank 0's checksum pass (part of every save) take longer than the timeout.
+    # path makes rank 0's manifest write (part of every save) take longer than the timeout.
     hook = tmp_path_factory.mktemp("slow")
     package = checkpoint.__package__.partition(".")[0]
-    (hook / "sitecustomize.py").write_text(SLOW_HASH.format(package=package))
+    (hook / "sitecustomize.py").write_text(SLOW_SAVE.format(package=package))
     monkeypatch.setenv("PYTHONPATH", str(hook))
     monkeypatch.setenv("SLOW_SAVE_S", "15")
     ckpt_dir = project / "runs" / "slow" / "checkpoints"

@@ -22,7 +22,7 @@ from .config import Config, field_types
 from .data import rawdata
 from .data.manifest import RawDataError
 from .engine.names import check_given, check_run_name
-from .errors import ConfigError, DataError, ProjectError, crash_line
+from .errors import ConfigError, DataError, ProjectError, crash_line, first_line
 from .settings import Settings, get_settings
 
 PROG = __package__ or "main"
@@ -94,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise failure from None
         if not diagnostics.is_transient(err):
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         print(f"error: {first} (transient: exit {diagnostics.EXIT_TRANSIENT})", file=sys.stderr)
         return diagnostics.EXIT_TRANSIENT
     return result.exit_code

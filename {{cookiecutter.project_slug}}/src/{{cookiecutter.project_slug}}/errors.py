@@ -31,6 +31,12 @@ class NoIntactCheckpointError(CheckpointError):
     exit_code = 5
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def crash_line(err: BaseException, env: dict[str, str]) -> str:
     """One line for an unexpected error: its type, message and where it happened.
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from conftest import pkg
+from under_test import pkg
 
 Classification = pkg("task_kinds").Classification
 Datasets = pkg("task").Datasets

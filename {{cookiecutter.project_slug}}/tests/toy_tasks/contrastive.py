@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from conftest import pkg
+from under_test import pkg
 
 api = pkg("api")
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
 
-from conftest import pkg
+from under_test import pkg
 
 api = pkg("api")
 

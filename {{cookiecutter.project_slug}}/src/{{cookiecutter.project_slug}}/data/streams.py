@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from ..task import Batch, batch_seed, check_structure, seeded_batch
 
 
@@ -195,7 +195,7 @@ class StreamFeed(IterableDataset):
         except DataError:
             raise
         except Exception as err:  # torch's message names the problem; one line is enough
-            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            message = first_line(err)
             hint = "pad them in the task's collate()" if self.check_items else "see its collate()"
             raise DataError(
                 f"{self.where}: its first samples cannot be batched ({message}); {hint}"

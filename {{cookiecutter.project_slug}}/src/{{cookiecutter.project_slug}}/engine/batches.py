@@ -27,7 +27,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from ..task import Batch, batch_seed, check_structure, seeded_batch
 from .distributed import DistEnv
 from .preemption import start_worker
@@ -395,7 +395,7 @@ def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = N
     try:
         (collate or default_collate)(first)
     except Exception as err:  # torch's message names the problem; one line is enough here
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        message = first_line(err)
         hint = "pad them in the task's collate()" if collate is None else "see its collate()"
         raise DataError(
             f"{where}: items 0-{len(first) - 1} cannot be batched ({message}); {hint}"

@@ -18,13 +18,14 @@ import re
 import shutil
 import socket
 import sys
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import torch
 import xxhash
@@ -39,14 +40,14 @@ MANIFEST = "manifest.json"
 
 # Checkpoint files are checked with xxh3-128 (the `xxhash` package): 10-27 GB/s on one core,
 # where SHA-256 does 0.8-1.5 GB/s and a node's disk takes 1.4 GB/s, so the digest never
-# limits a save or a resume (benchmarks/bench_checkpoint.py prints all three). It finds what
+# limits a save or a resume (docs/performance.md has the figures). It finds what
 # happens to checkpoints (a cut, a flipped bit, a file from elsewhere); it is no defence
 # against someone forging a file, which SHA-256 would not be either without a signature.
 # Manifests of earlier releases hold SHA-256 sums and are still read.
 DIGEST = "xxh3_128"
 READ_THREADS = 4  # files of a checkpoint read (verified) at once
 HOLDER_WAIT_S = 10.0  # the longest a refused job waits for the lock's holder to name itself
-_ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_ALGORITHMS: dict[str, Callable[..., Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
 def file_digest(path: Path, algorithm: str = DIGEST) -> str:
@@ -70,6 +71,24 @@ def fsync_dir(directory: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def uncache(path: Path) -> None:
+    """Drop the pages of checkpoint `path` (a file or folder) from the page cache.
+
+    The next read then comes from the disk, as a resume on another node or days later does:
+    for measuring loads (`plan`, the benchmarks). Written pages are dropped only once on the
+    disk, which a save's fsync ensures. Not on systems without posix_fadvise (macOS): reads
+    stay cached there.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for file in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -147,41 +166,84 @@ def run_id(run_dir: Path) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
-class _DigestingFile:
-    """A binary file that computes the digest (DIGEST) of what is written through it."""
+class DigestingFile:
+    """A binary file that computes the digest (DIGEST) of what is written through it.
 
-    def __init__(self, f: BinaryIO) -> None:
+    What torch.save and DCP's writer use of a file: write, tell, flush, fileno, close.
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        """Wrap the open file `f`."""
         self.f, self.digest = f, _ALGORITHMS[DIGEST]()
 
     def write(self, data: bytes) -> int:
+        """Write `data`, adding it to the digest."""
         self.digest.update(data)
         return self.f.write(data)
 
+    def tell(self) -> int:
+        """The position in the file."""
+        return self.f.tell()
+
     def flush(self) -> None:
+        """Flush the file's buffer."""
         self.f.flush()
 
+    def fileno(self) -> int:
+        """The file's descriptor (for fsync)."""
+        return self.f.fileno()
 
-def _without_zip_crc() -> contextlib.AbstractContextManager[Any]:
+    def close(self) -> None:
+        """Close the file."""
+        self.f.close()
+
+    def hexdigest(self) -> str:
+        """The digest of everything written so far."""
+        return str(self.digest.hexdigest())
+
+
+def digest_of(data: bytes, algorithm: str = DIGEST) -> str:
+    """The digest of bytes in hand with `algorithm` (xxh3_128 or sha256), as `file_digest`."""
+    return str(_ALGORITHMS[algorithm](data).hexdigest())
+
+
+_crc_lock = threading.Lock()
+_crc_off: list[bool] = []  # one entry per save under way: the setting found by the first
+
+
+@contextlib.contextmanager
+def without_zip_crc() -> Iterator[None]:
     """torch.save without its per-record CRC-32 (one thread, about 4 GB/s: a fifth of a save).
 
-    The checkpoint's own digest covers the same bytes. torch before 2.6 has no such switch
-    and keeps computing it.
+    The checkpoint's own digest covers the same bytes. The switch is torch's, for the whole
+    process: DCP's writer threads overlap, so it is turned off by the first and back by the
+    last. torch before 2.6 has no such switch and keeps computing it.
     """
     try:
         from torch.utils.serialization import config  # noqa: PLC0415  (torch 2.6+)
     except ImportError:
-        return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": False})  # type: ignore[no-any-return]
+        yield
+        return
+    with _crc_lock:
+        _crc_off.append(config.save.compute_crc32)
+        config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            found = _crc_off.pop()
+            if not _crc_off:
+                config.save.compute_crc32 = found
 
 
 def _write(obj: Any, tmp: Path) -> str:
     """torch.save `obj` to `tmp`, flushed to disk; its digest, computed while writing."""
-    with tmp.open("wb") as f, _without_zip_crc():
-        out = _DigestingFile(f)  # no second read of a large file
+    with tmp.open("wb") as f, without_zip_crc():
+        out = DigestingFile(f)  # no second read of a large file
         torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
-    return str(out.digest.hexdigest())
+    return out.hexdigest()
 
 
 def save_atomic(obj: Any, path: Path) -> str:

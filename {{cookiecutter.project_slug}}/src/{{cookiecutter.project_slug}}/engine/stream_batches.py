@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from ..data.streams import StreamFeed, StreamPart, Tag, check_state
-from ..errors import DataError
+from ..errors import DataError, first_line
 from ..task import Batch
 from . import distributed
 from .distributed import DistEnv
@@ -93,7 +93,7 @@ def check_picklable(sent: object, where: str) -> None:
     try:
         pickle.dumps(sent)
     except (pickle.PicklingError, AttributeError, TypeError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        message = first_line(err)
         raise DataError(
             f"{where}: cannot be sent to its DataLoader workers ({message}): define the "
             "stream's class and the task's collate at module level, with no lambda or open "
