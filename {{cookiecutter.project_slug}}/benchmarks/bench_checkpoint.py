@@ -272,7 +272,6 @@ def measure(rank: int, args: argparse.Namespace, name: str, port: int, out: Path
         stager, state = checkpoint_io.stager(device), run.strategy.state(run.net, run.stepped)
         copies = [timed(device, lambda: stager.stage(state)) for _ in range(3)]
         stager.close()  # its buffers: a second host copy of the state
-        del state
         (first, _), (held, behind) = run.background(), run.background()
         loads, reads = [], []
         for _ in range(args.rounds):  # alternating with the disk's own reads, as the saves
