@@ -18,7 +18,6 @@ import re
 import shutil
 import socket
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -207,33 +206,19 @@ def digest_of(data: bytes, algorithm: str = DIGEST) -> str:
     return str(_ALGORITHMS[algorithm](data).hexdigest())
 
 
-_crc_lock = threading.Lock()
-_crc_off: list[bool] = []  # one entry per save under way: the setting found by the first
-
-
-@contextlib.contextmanager
-def without_zip_crc() -> Iterator[None]:
+def without_zip_crc() -> contextlib.AbstractContextManager[Any]:
     """torch.save without its per-record CRC-32 (one thread, about 4 GB/s: a fifth of a save).
 
-    The checkpoint's own digest covers the same bytes. The switch is torch's, for the whole
-    process: DCP's writer threads overlap, so it is turned off by the first and back by the
-    last. torch before 2.6 has no such switch and keeps computing it.
+    The checkpoint's own digest covers the same bytes. torch keeps the switch in a context
+    variable: it holds for the thread that turns it off (each of DCP's writer threads does, as
+    it opens its file), not for the others. torch before 2.6 has no such switch and keeps
+    computing it.
     """
     try:
         from torch.utils.serialization import config  # noqa: PLC0415  (torch 2.6+)
     except ImportError:
-        yield
-        return
-    with _crc_lock:
-        _crc_off.append(config.save.compute_crc32)
-        config.save.compute_crc32 = False
-    try:
-        yield
-    finally:
-        with _crc_lock:
-            found = _crc_off.pop()
-            if not _crc_off:
-                config.save.compute_crc32 = found
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": False})  # type: ignore[no-any-return]
 
 
 def _write(obj: Any, tmp: Path) -> str:
