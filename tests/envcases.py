@@ -284,7 +284,9 @@ def project_pytest(project: Path, *args: str, absent: set[str] | None = None) ->
         check=False,
         env={**os.environ, "PYTHONPATH": str(project / "src")},
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    # A failure's report from its start (a crash's first lines name its kind), then the end.
+    failures = done.stdout[done.stdout.find("= FAILURES =") :][:12000]
+    assert done.returncode == 0, failures + done.stdout[-3000:] + done.stderr[-2000:]
     return done.stdout
 
 
