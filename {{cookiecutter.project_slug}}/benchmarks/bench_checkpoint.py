@@ -130,8 +130,8 @@ def profile_parts() -> dict[str, list[tuple[Any, str]]]:
     return {
         "copy off the device (staging)": [(DefaultStager, "stage")],
         "serialize (torch.save)": [(torch, "save")],
-        "write into the page cache": [(checkpoint.DigestingFile, "write")],
-        "checksums (digest)": [(checkpoint, "file_digest"), (checkpoint, "digest_of")],
+        "digest and write into the page cache": [(checkpoint.DigestingFile, "write")],
+        "checksums (digest)": [(checkpoint, "file_digest")],
         "fsync (waiting for the disk)": [(os, "fsync")],
         "manifest and rename": [(checkpoint, "write_manifest"), (Path, "replace")],
         "read and unpickle (torch.load)": [(torch, "load")],

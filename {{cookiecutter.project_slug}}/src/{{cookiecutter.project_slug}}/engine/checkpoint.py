@@ -46,7 +46,7 @@ MANIFEST = "manifest.json"
 DIGEST = "xxh3_128"
 READ_THREADS = 4  # files of a checkpoint read (verified) at once
 HOLDER_WAIT_S = 10.0  # the longest a refused job waits for the lock's holder to name itself
-_ALGORITHMS: dict[str, Callable[..., Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
 def file_digest(path: Path, algorithm: str = DIGEST) -> str:
@@ -199,11 +199,6 @@ class DigestingFile:
     def hexdigest(self) -> str:
         """The digest of everything written so far."""
         return str(self.digest.hexdigest())
-
-
-def digest_of(data: bytes, algorithm: str = DIGEST) -> str:
-    """The digest of bytes in hand with `algorithm` (xxh3_128 or sha256), as `file_digest`."""
-    return str(_ALGORITHMS[algorithm](data).hexdigest())
 
 
 def without_zip_crc() -> contextlib.AbstractContextManager[Any]:
