@@ -96,8 +96,9 @@ test: $(STAMP) ## The quick set: answers, bakes, engines, lint, docs, updates (n
 
 test-all: $(STAMP) ## Every test, as CI runs them: adds generated suites, tutorial, environments, Slurm
 	@# Exit status 5 is "no test selected": PYTEST_ARGS may name only one of the two kinds.
-	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile -m "not slurm" $$PYTEST_ARGS \
-		|| [ $$? -eq 5 ]
+	@# --no-loadscope-reorder: files in the order collected, the longest first (tests/conftest.py).
+	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile --no-loadscope-reorder \
+		-m "not slurm" $$PYTEST_ARGS || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m slurm $$PYTEST_ARGS || [ $$? -eq 5 ]
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page

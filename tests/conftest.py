@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # The working tree stands for the release it declares (the template version, one source).
 RELEASE = "v" + json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_template_version"]
 # The two files that take longest, run first, one on each worker: `make test-all` hands its
-# two workers files in the order collected (--dist loadfile; two each to start, then one as a
-# worker runs dry), and the generated project's own suite (11 minutes of one core), started
-# late in alphabetical order, left the other core idle for most of that time at the end.
+# two workers files in the order collected (--dist loadfile --no-loadscope-reorder; two each
+# to start, then one as a worker runs dry). Ordered by their number of tests (xdist's
+# default), the generated project's own suite (two tests, 11 minutes of one core) started
+# late and left the other core idle for most of that time at the end.
 LONGEST_FIRST = ("test_generated_suite.py", "test_own_task.py")
 
 
