@@ -52,10 +52,7 @@ else
     step 150 "$PY" benchmarks/bench_checkpoint.py --device cuda --gib 8.4 --rounds 2
 fi
 
-{
-    echo "== figures"
-    grep -E '^(trainer/raw|lm|checkpoint): |passed|failed' "$out" || true
-} | tee -a "$out.figures"
-cat "$out.figures" >> "$out" && rm "$out.figures"
+figures=$(grep -E '^(trainer/raw|lm|checkpoint): |passed|failed' "$out" || true)
+printf '== figures\n%s\n' "$figures" | tee -a "$out"
 echo "results: $out"
 exit "$failed"
