@@ -136,6 +136,32 @@ def run(
     )
 
 
+def torch_index(folder: Path) -> str:
+    """A local wheel index (its URL) in `folder` that holds the CPU wheel of torch for this
+    Python from pip's find-links folders: it stands in for PyTorch's CPU index, so no CUDA
+    build is ever downloaded. Skips the test where no such wheel lies on disk."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    folders = [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]
+    found = [
+        w for f in filter(None, folders) for w in Path(f).glob(f"torch-*+cpu-{tag}-{tag}-*.whl")
+    ]
+    if not found:
+        pytest.skip("no CPU wheel of torch on disk (PIP_FIND_LINKS) to stand in for its index")
+    wheel = sorted(found)[-1]
+    (folder / "torch").mkdir(parents=True, exist_ok=True)
+    (folder / "torch" / "index.html").write_text(
+        f'<html><body><a href="{wheel.as_uri()}">{wheel.name}</a></body></html>\n'
+    )
+    return folder.as_uri()
+
+
+def offline() -> list[str]:
+    """A command prefix that runs without any network (a new network namespace: root)."""
+    if shutil.which("unshare") and run(["unshare", "-n", "true"], Path.cwd()).returncode == 0:
+        return ["unshare", "-n"]
+    pytest.skip("cannot take the network away here (unshare -n needs root)")
+
+
 def tool(name: str) -> str:
     """A command-line tool of the test environment."""
     found = BIN / name

@@ -24,7 +24,6 @@ from envcases import (
     answers_of,
     baked,
     baked_case,
-    env_dir,
     extras_modules,
     project_pytest,
     pyproject,
@@ -322,38 +321,35 @@ def test_make_install_takes_the_environment_and_the_variants_torch(
     def value(name: str, *args: str) -> str:
         return make_value(project, name, *args)
 
-    install = dry("install")
-    assert f"{env_dir(answers)}/bin/" in install or f"--prefix {env_dir(answers)}" in install
+    # tools/install.py builds the environment of the route (its tests: tests/test_install.py),
+    # with the tracking extra; make wheels runs the same with --download.
+    route = {"apptainer": "venv"}.get(answers["environment"], answers["environment"])
     extra = "" if answers["tracking"] == "csv" else answers["tracking"]
-    if answers["environment"] == "conda":
-        assert "--file environment.yml" in install
-        assert "--group dev" in install  # torch first, then the project with its dev tools
-    elif answers["environment"] == "uv":
-        variant = PRESETS[answers["cluster"]].get("torch_variant", "cu128")
-        sync = f'uv sync --python {answers["python_version"]} --extra "$TORCH_VARIANT"'
-        assert sync + (f" --extra {extra}" if extra else "") in install
-        assert value("TORCH_VARIANT") == variant
-        assert value("TORCH_VARIANT", "TORCH_VARIANT=cpu") == "cpu"
-    else:
-        assert "-m venv .venv" in install
-        assert "pip install -e '." + (f"[{extra}]" if extra else "") + "' --group dev" in install
-    if answers["environment"] != "uv":  # uv reads the variant from its own index settings
-        # torch first, from PyTorch's index: the preset's CUDA build, or the CPU wheel where
-        # the image holds the CUDA one; `make install-cpu` always the CPU wheel.
-        variant = (
-            "cpu"
-            if answers["environment"] == "apptainer"
-            else PRESETS[answers["cluster"]]["torch_variant"]
-        )
-        # tools/install_torch.py reads no extra index and checks the build before it installs
-        torch = 'tools/install_torch.py "$TORCH_VARIANT" "$TORCH_INDEX"'
-        assert install.index(torch) < install.index("pip install -e '.")
-        assert value("TORCH_INDEX") == f"https://download.pytorch.org/whl/{variant}"
-        assert value("TORCH_VARIANT") == variant
-        assert value("TORCH_INDEX", "TORCH_VARIANT=cpu") == "https://download.pytorch.org/whl/cpu"
-        # install-cpu runs install with the variant set for both (TORCH_INDEX follows it)
-        assert "install-cpu: TORCH_VARIANT := cpu" in dry("-p", "install-cpu")
-        assert torch in dry("install-cpu")
+    command = f"tools/install.py {route} "
+    install, wheels = dry("install"), dry("wheels")
+    assert command in install and command in wheels
+    options = {
+        "conda": ' --conda "',
+        "uv": f' --uv "uv" --python-version {answers["python_version"]} ',
+    }.get(route, "")
+    for dry_run in (install, wheels):
+        [line] = [ln for ln in dry_run.splitlines() if command in ln]
+        assert options in line
+        assert '--variant "$TORCH_VARIANT"' + (f" --extra {extra}" if extra else "") in line
+    assert wheels.rstrip().endswith("--download")
+    # The preset's CUDA build, or the CPU wheel where the image holds the CUDA one; from
+    # PyTorch's index unless TORCH_INDEX (environment or .env) names a mirror.
+    variant = (
+        "cpu"
+        if answers["environment"] == "apptainer"
+        else PRESETS[answers["cluster"]].get("torch_variant", "cu128")
+    )
+    assert value("TORCH_VARIANT") == variant
+    assert value("TORCH_VARIANT", "TORCH_VARIANT=cpu") == "cpu"
+    assert value("TORCH_INDEX") == "" and value("WHEELS") == ""
+    # install-cpu runs install with the variant set (a sub-make would inherit the preset's)
+    assert "install-cpu: TORCH_VARIANT := cpu" in dry("-p", "install-cpu")
+    assert command in dry("install-cpu")
 
 
 def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -> None:
@@ -408,10 +404,11 @@ def test_conda_environment_installs_the_project(case: tuple[Bake, dict[str, str]
     # No pip part: `make install` adds torch from the preset's wheel index, then the project.
     assert not [d for d in env["dependencies"] if isinstance(d, dict)]
     install = run(["make", "-n", "install"], result.project).stdout
-    torch = install.index('tools/install_torch.py "$TORCH_VARIANT" "$TORCH_INDEX"')
-    match = re.search(r"pip install -e '\.(?:\[([\w,]+)\])?' --group dev", install)
-    assert match and torch < match.start(), install
-    extras = set(match[1].split(",")) if match[1] else set()
+    match = re.search(
+        r'tools/install\.py conda .*--variant "\$TORCH_VARIANT"(?: --extra (\w+))?', install
+    )
+    assert match, install
+    extras = {match[1]} if match[1] else set()
     assert extras <= set(pyproject(result.project)["project"]["optional-dependencies"])
     assert extras == ({answers["tracking"]} - {"csv"})
 

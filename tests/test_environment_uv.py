@@ -11,27 +11,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from engines import BIN
-from envcases import PRESETS, answers_of, baked, run, working_copy
+from envcases import PRESETS, answers_of, baked, offline, run, torch_index, working_copy
 
 CASE = "uv-grete"
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "VIRTUAL_ENV": None}
-
-
-def _torch_wheel() -> Path | None:
-    """The CPU wheel of torch for this Python in pip's find-links folders, if there is one."""
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    folders = [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]
-    for folder in filter(None, folders):
-        found = sorted(Path(folder).glob(f"torch-*+cpu-{tag}-{tag}-*.whl"))
-        if found:
-            return found[-1]
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +28,7 @@ def installed(
     template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, str | None], float]:
     """The uv bake after `make install TORCH_VARIANT=cpu` (a working copy); its env; seconds."""
-    wheel = _torch_wheel()
-    if wheel is None:
-        pytest.skip("no CPU wheel of torch on disk (PIP_FIND_LINKS) to stand in for its index")
-    index = tmp_path_factory.mktemp("torch-index")
-    (index / "torch").mkdir()
-    (index / "torch" / "index.html").write_text(
-        f'<html><body><a href="{wheel.as_uri()}">{wheel.name}</a></body></html>\n'
-    )
+    index = torch_index(tmp_path_factory.mktemp("torch-index"))
     variant = PRESETS[answers_of(CASE)["cluster"]].get("torch_variant", "cu128")
     project = working_copy(
         baked(CASE, template, tmp_path_factory).project, tmp_path_factory.mktemp("uv")
@@ -54,7 +36,7 @@ def installed(
     env: dict[str, str | None] = {
         **CLEAN_ENV,
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # uv of the test environment
-        "UV_INDEX": f"pytorch-cpu={index.as_uri()} pytorch-{variant}={index.as_uri()}",
+        "UV_INDEX": f"pytorch-cpu={index} pytorch-{variant}={index}",
         "UV_PYTHON_DOWNLOADS": "never",  # the Python found here, never a download
         # `make install` registers the Jupyter kernel here, not in this machine's own list.
         "JUPYTER_DATA_DIR": str(tmp_path_factory.mktemp("jupyter")),
@@ -139,3 +121,29 @@ def test_job_on_local_slurm_runs_in_the_synced_venv_and_tracks_offline(
     assert json.loads((state / "summary.json").read_text())["status"] == "finished"
     folders = list((state / "wandb").glob("offline-run-*"))  # tracking=wandb, offline
     assert len(folders) == 1, folders
+
+
+def test_make_wheels_fills_uvs_cache_and_install_runs_from_it_without_a_network(
+    installed: tuple[Path, dict[str, str | None], float], tmp_path: Path
+) -> None:
+    """Last in this file: it takes .venv away and makes it again, offline."""
+    project, env, _ = installed
+    no_net = offline()
+    cache = tmp_path / "uv-cache"
+    done = run(["make", "wheels", "TORCH_VARIANT=cpu", f"WHEELS={cache}"], project, env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].startswith(f"make wheels: {cache} holds")
+    shutil.rmtree(project / ".venv")
+    # An empty cache: uv cannot install offline; the environment it began is removed.
+    empty = {**env, "WHEELS": str(tmp_path / "empty")}
+    done = run([*no_net, "make", "install", "TORCH_VARIANT=cpu"], project, empty)
+    assert done.returncode != 0
+    line = next(ln for ln in reversed(done.stderr.splitlines()) if ln.startswith("make install"))
+    assert line.startswith("make install: uv sync failed ("), line
+    assert line.endswith("the folder lacks it: run `make wheels` again where there is internet")
+    assert not (project / ".venv").exists()
+    done = run(
+        [*no_net, "make", "install", "TORCH_VARIANT=cpu"], project, {**env, "WHEELS": str(cache)}
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "make install: done, torch 2.13.0+cpu in .venv/" in done.stdout

@@ -1,5 +1,6 @@
 """Messages that tell a newcomer the next step: each names the command or file to use."""
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -111,34 +112,29 @@ def test_submit_without_slurm_says_so_in_one_line(tmp_path: Path) -> None:
     assert "or train here with make train" in first
 
 
-@pytest.mark.parametrize("cuda", [None, "12.6"])
-def test_install_cpu_refuses_a_cuda_build_of_torch(
-    cuda: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("label", ["cpu", "cu126"])
+def test_install_ends_by_checking_the_torch_in_the_environment(
+    label: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`make install-cpu` ends with this check of the torch that pip installed."""
-    make = shutil.which("make")
-    if make is None:
-        pytest.skip("make is not installed")
-    installed = tmp_path / "torch"  # stands in for what pip installed: only its version data
-    installed.mkdir()
-    (installed / "__init__.py").write_text(
-        "from types import SimpleNamespace\n"
-        f"__version__ = '2.9.0'\nversion = SimpleNamespace(cuda={cuda!r})\n",
-        encoding="utf-8",
+    """`make install` checks torch last: a package that pulled in another build is named."""
+    spec = importlib.util.spec_from_file_location("install_tool", ROOT / "tools" / "install.py")
+    assert spec and spec.loader
+    install = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(install)
+    info = tmp_path / f"torch-2.9.0+{label}.dist-info"  # what pip left: its version data only
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+{label}\n", encoding="utf-8"
     )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    done = subprocess.run(
-        [make, "--no-print-directory", "-C", str(ROOT), "cpu-torch-check", f"PY={sys.executable}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if cuda is None:
-        assert done.returncode == 0, done.stderr
+    if label == "cpu":
+        assert install.check_installed(sys.executable, "cpu") == "2.9.0+cpu"
         return
-    assert done.returncode != 0
-    first = done.stderr.splitlines()[0]
-    assert first.startswith("make install-cpu: torch 2.9.0 is a CUDA 12.6 build, not the CPU wheel")
+    with pytest.raises(install.InstallError) as refused:
+        install.check_installed(sys.executable, "cpu")
+    assert str(refused.value).startswith(
+        "the environment holds torch 2.9.0+cu126, not the cpu build: a package required"
+    )
 
 
 @pytest.mark.parametrize("setting", ["train.batch_size=4096", "train.grad_accum_steps=512"])

@@ -181,9 +181,13 @@ def torch_choice(python: str, variant: str, found: dict[str, str]) -> tuple[str,
 
 def pip_version(python: str) -> tuple[int, ...]:
     """(major, minor) of the pip that `python` runs; (0,) where it has none."""
-    done = subprocess.run(  # noqa: S603
-        [python, "-m", "pip", "--version"], capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    try:
+        done = subprocess.run(  # noqa: S603
+            [python, "-m", "pip", "--version"],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+        )  # fmt: skip
+    except OSError:  # no such Python (an environment not made yet)
+        return (0,)
     match = re.match(r"pip (\d+)\.(\d+)", done.stdout)
     return (int(match[1]), int(match[2])) if match else (0,)
 
@@ -358,10 +362,16 @@ def build_requires() -> list[str]:
         return list(tomllib.load(file)["build-system"]["requires"])
 
 
-def download(python: str, variant: str, extra: str, found: dict[str, str], into: Path) -> None:
-    """Every wheel `make install` takes, for this platform and Python, into a folder."""
-    if pip_version(python) < GROUP_PIP:
-        raise InstallError(f"{python} has pip older than 25.1 (no --group): run make install first")
+def download(route: str, variant: str, extra: str, found: dict[str, str], into: Path) -> None:
+    """Every wheel `make install` takes, for this platform and Python, into a folder.
+
+    pip of the Python that runs this where it knows dependency groups, else the environment's.
+    """
+    python = next(
+        (py for py in (sys.executable, env_python(route)) if pip_version(py) >= GROUP_PIP), ""
+    )
+    if not python:
+        raise InstallError("no pip of 25.1 or newer here (it downloads --group dev): make install")
     into.mkdir(parents=True, exist_ok=True)
     version, torch_args = torch_choice(python, variant, found)
     _, torch_env = pip_sources(found, torch=torch_index(variant, found))
@@ -418,7 +428,7 @@ def make_wheels(args: argparse.Namespace, found: dict[str, str], into: Path) -> 
         env = {**uv_env(args.variant, found), "UV_CACHE_DIR": str(into)}
         uv_sync(args.uv, args.python_version, args.variant, args.extra, env)
     else:
-        download(env_python(args.route), args.variant, args.extra, found, into)
+        download(args.route, args.variant, args.extra, found, into)
 
 
 if __name__ == "__main__":
