@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENT = "torch>=2.4,<3"  # the project's own range (pyproject.toml)
 GROUP_PIP = (25, 1)  # the first pip that installs dependency groups (--group dev)
 SETTINGS = ("PIP_INDEX_URL", "TORCH_INDEX", "WHEELS")
+# The torch check is the install's first contact with an index: where none answers, it says
+# so within about 20 s (pip's defaults wait up to five retries of 15 s each, more where pip's
+# configuration sets a longer timeout); an index page that answers in 10 s is not refused.
+CHECK_PATIENCE = ("--retries", "1", "--timeout", "10")
 # The first line of a failed step's output that says why: pip's and conda's errors, uv's
 # (which start with a multiplication sign).
 ERROR_LINE = re.compile(r"\s*(ERROR:|error:|\N{MULTIPLICATION SIGN}|CondaError)")
@@ -158,7 +163,7 @@ def torch_choice(python: str, variant: str, found: dict[str, str]) -> tuple[str,
     where = " ".join(args)
     look = subprocess.run(  # noqa: S603
         [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--no-deps", "--report", "-", *args, REQUIREMENT],
+         "--no-deps", "--report", "-", *CHECK_PATIENCE, *args, REQUIREMENT],
         env=env, capture_output=True, text=True, check=False, cwd=ROOT,
     )  # fmt: skip
     try:
@@ -338,15 +343,20 @@ def uv_env(variant: str, found: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def uv_command(uv: str, python_version: str, variant: str, extra: str) -> list[str]:
+    """`uv sync` with the variant's torch and the chosen extra (dev tools: uv's default)."""
+    return [uv, "sync", "--python", python_version, "--extra", variant] + (
+        ["--extra", extra] if extra else []
+    )
+
+
 def uv_sync(uv: str, python_version: str, variant: str, extra: str, env: dict[str, str]) -> None:
     """.venv as uv.lock says, with the variant's torch and the chosen extra."""
     env_dir = ROOT / ".venv"
-    command = [uv, "sync", "--python", python_version, "--extra", variant]
-    command += ["--extra", extra] if extra else []
     fix = FIX["wheels" if env.get("UV_OFFLINE") else "index"]
 
     def build(_fresh: bool) -> None:
-        step(command, env, "uv sync", fix)
+        step(uv_command(uv, python_version, variant, extra), env, "uv sync", fix)
         check_installed(env_python("uv"), variant)
 
     transaction(env_dir, build)
@@ -424,9 +434,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def make_wheels(args: argparse.Namespace, found: dict[str, str], into: Path) -> None:
     """`make wheels`: pip's folder of wheels, or uv's cache, filled from the network."""
-    if args.route == "uv":
-        env = {**uv_env(args.variant, found), "UV_CACHE_DIR": str(into)}
-        uv_sync(args.uv, args.python_version, args.variant, args.extra, env)
+    if args.route == "uv":  # a sync into a scratch environment downloads every package
+        with tempfile.TemporaryDirectory() as scratch:
+            env = uv_env(args.variant, found)
+            env |= {"UV_CACHE_DIR": str(into), "UV_PROJECT_ENVIRONMENT": scratch}
+            command = uv_command(args.uv, args.python_version, args.variant, args.extra)
+            step(command, env, "uv sync into uv's cache", FIX["index"])
     else:
         download(args.route, args.variant, args.extra, found, into)
 
