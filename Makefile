@@ -46,7 +46,7 @@ REMOTE ?= origin
 export TORCH PYTEST_ARGS TEST_WORKERS REPOS JSON TEMPLATE REMOTE
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-all sync bench release publish fleet clean
+.PHONY: help demo test test-all sync bench bench-install release publish fleet clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -131,6 +131,9 @@ fleet: ## Which projects are behind: REPOS=file (a path or git URL a line), JSON
 
 bench: $(STAMP) ## Time a default bake with each engine
 	$(BIN)/python tools/bench_bake.py
+
+bench-install: $(STAMP) ## Time a generated project's failed make install-cpu to its one-line message
+	$(BIN)/python tools/bench_install.py
 
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) build

@@ -131,6 +131,18 @@ def test_an_index_that_offers_another_build_is_refused_before_anything_is_instal
     assert tool.torch_choice(python, "cu130", {"TORCH_INDEX": wrong.as_uri()})[0] == "2.14.1+cu130"
 
 
+def test_an_index_that_does_not_answer_is_named_with_the_way_out(
+    python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # not this machine's torch wheel
+    found = {"TORCH_INDEX": "http://127.0.0.1:9/whl/cpu"}  # nothing listens on port 9
+    with pytest.raises(tool.InstallError) as refused:
+        tool.torch_choice(python, "cpu", found)
+    line = str(refused.value)
+    assert line.startswith("pip finds no torch>=2.4,<3 at --index-url http://127.0.0.1:9/whl/cpu")
+    assert "(the index did not answer); where this machine has no internet, name a mirror" in line
+
+
 @pytest.mark.parametrize(
     ("version", "variant", "platform", "fits"),
     [

@@ -171,6 +171,8 @@ def torch_choice(python: str, variant: str, found: dict[str, str]) -> tuple[str,
         version, url = wheel["metadata"]["version"], wheel["download_info"]["url"]
     except (ValueError, KeyError, IndexError, TypeError):
         said = [ln.strip() for ln in look.stderr.splitlines() if ln.strip()] or ["no answer"]
+        if any(ln.startswith("WARNING: Retrying") for ln in said):  # refused, timed out, no DNS
+            said.append("the index did not answer")
         raise InstallError(
             f"pip finds no {REQUIREMENT} at {where} ({said[-1]}); {source_fix(found)}"
         ) from None
