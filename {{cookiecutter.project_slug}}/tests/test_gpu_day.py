@@ -1,5 +1,6 @@
 """The GPU day's script runs end to end at toy sizes on the CPU: it cannot rot between GPU days."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -35,4 +36,9 @@ def test_gpu_day_runs_every_step_tiny_and_gathers_its_figures(tmp_path: Path) ->
         assert any(line.startswith(prefix) for line in figures), figures
     lm = next(line for line in figures if line.startswith("lm: "))
     assert "eager trainer/raw=" in lm and "compiled trainer/raw=" in lm and "mfu=" in lm
+    if importlib.util.find_spec("transformers") is None:  # the hub step needs the hf extra
+        assert "== hub: skipped, the hf extra is not installed" in text
+    else:  # the export read back by transformers: every key, the embeddings still tied
+        hub = next(line for line in figures if line.startswith("hub: "))
+        assert "fsdp on cpu" in hub and "missing=0 unexpected=0 tied=yes" in hub, hub
     assert done.stdout.rstrip().endswith(f"results: {results.relative_to(ROOT)}")

@@ -299,6 +299,7 @@ class Trainer:
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
         own_id = checkpoint.run_id(self.run_dir) if self.denv.is_main else None
         self.checkpoints.run_id = distributed.broadcast_object(own_id)
+        reading = time.perf_counter()
         state = self.checkpoints.load_latest(self.net, self.update)
         if state is None:
             self.say(f"run {self.name}: no checkpoint in {self.ckpt_dir}, starting fresh")
@@ -337,7 +338,8 @@ class Trainer:
         )
         self.say(
             f"run {self.name}: resumed from step {self.pos.step} "
-            f"(epoch {self.pos.epoch}, batch {self.pos.batch}{resharded})"
+            f"(epoch {self.pos.epoch}, batch {self.pos.batch}{resharded}) "
+            f"in {time.perf_counter() - reading:.1f} s"
         )
         return True
 

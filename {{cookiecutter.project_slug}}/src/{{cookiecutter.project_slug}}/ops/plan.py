@@ -366,8 +366,8 @@ def run_plan(cfg: Config, settings: Settings, cluster: Cluster, disk_mb: int) ->
             f"disk     {speed.save_rate / 1e6:.0f} MB/s saving, {speed.load_rate / 1e6:.0f} MB/s "
             f"loading samples of up to {disk_mb} MB as {cfg.dist.strategy} checkpoints are "
             f"(checksums, fsync) in {runs}, plus {speed.save_fixed:.2f} s and "
-            f"{speed.load_fixed:.2f} s each: a checkpoint takes about {save_s:.1f} s, a resume "
-            f"reads it in {speed.load_s(ckpt):.1f} s"
+            f"{speed.load_fixed:.2f} s each: a checkpoint takes about {save_s:.3g} s, a resume "
+            f"reads it in {speed.load_s(ckpt):.3g} s"
         )
     home = Path.home().resolve()
     in_home = runs.resolve().is_relative_to(home)
