@@ -94,7 +94,7 @@ def settings(root: Path = ROOT) -> dict[str, str]:
     from_file = dotenv(root / ".env")
     found = {key: os.environ.get(key) or from_file.get(key, "") for key in SETTINGS}
     if found["WHEELS"]:
-        found["WHEELS"] = str((root / found["WHEELS"]).resolve())
+        found["WHEELS"] = str((root / Path(found["WHEELS"]).expanduser()).resolve())
     return {key: value for key, value in found.items() if value}
 
 
