@@ -116,14 +116,23 @@ def ruff_problems(project: Path) -> str:
     return report
 
 
+def module_at(path: Path, name: str, *, register: bool = False) -> ModuleType:
+    """The Python file at `path` loaded as module `name` (a hook, a tool, a generated module).
+
+    `register` puts it into sys.modules first, where dataclasses look their module up.
+    """
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def status_tool() -> ModuleType:
     """The generated project's tools/template_status.py, loaded as a module once."""
     path = ROOT / "{{cookiecutter.project_slug}}" / "tools" / "template_status.py"
     if "template_status" in sys.modules:
         return sys.modules["template_status"]
-    spec = importlib.util.spec_from_file_location("template_status", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return module_at(path, "template_status", register=True)

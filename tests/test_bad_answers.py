@@ -9,7 +9,6 @@ them its own way.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from typing import Any
 
 import jinja2
 import pytest
-from engines import Bake, bake, rules
+from engines import Bake, bake, module_at, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))["_presets"]
@@ -317,7 +316,7 @@ def test_default_bake_leaves_no_empty_folders(default_bake: Bake) -> None:
 
 def test_a_failed_first_commit_leaves_no_repository(tmp_path: Path) -> None:
     """All or nothing: git refusing the identity leaves no half-made repository behind."""
-    post_gen = _load("post_gen", ROOT / "hooks" / "post_gen_project.py")
+    post_gen = module_at(ROOT / "hooks" / "post_gen_project.py", "post_gen")
     (tmp_path / "file.txt").write_text("x\n")
     outcome = post_gen.first_commit(tmp_path, ".", "a@example.org")
     assert outcome.startswith("No git repository created: git commit failed")
@@ -325,7 +324,7 @@ def test_a_failed_first_commit_leaves_no_repository(tmp_path: Path) -> None:
 
 
 def test_placeholder_author_is_the_template_default() -> None:
-    post_gen = _load("post_gen", ROOT / "hooks" / "post_gen_project.py")
+    post_gen = module_at(ROOT / "hooks" / "post_gen_project.py", "post_gen")
     defaults = json.loads((ROOT / "cookiecutter.json").read_text("utf-8"))
     assert defaults["author_email"] == post_gen.PLACEHOLDER_EMAIL
 
@@ -373,14 +372,6 @@ def test_mem_per_node_rule_matches_cookiecutter_expression() -> None:
             answers = {"memory": memory, "gpus_per_node": gpus}
             rendered = jinja2.Template(expression).render(cookiecutter=answers)
             assert rules.mem_per_node(answers) == rendered, (memory, gpus)
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- answers from files

@@ -12,7 +12,6 @@ runs `make wheels` and then `make install-cpu` without a network on a real bake.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import stat
@@ -20,25 +19,15 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from engines import BIN, ROOT
+from engines import BIN, ROOT, module_at
 from envcases import baked, offline, run, torch_index, working_copy
 
 TOOL = ROOT / "{{cookiecutter.project_slug}}" / "tools" / "install.py"
 
 
-def load_tool() -> ModuleType:
-    """tools/install.py as a module (standard library only, so it imports anywhere)."""
-    spec = importlib.util.spec_from_file_location("install_tool", TOOL)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = module_at(TOOL, "install_tool")  # standard library only: it imports anywhere
 
 
 def fake_wheel(folder: Path, version: str) -> None:

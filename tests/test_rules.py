@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import keyword
 import re
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import rules
+from engines import module_at, rules
 from slugify import slugify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,11 +303,7 @@ PRE_PROMPT = ROOT / "hooks" / "pre_prompt.py"
 
 
 def _pre_prompt() -> Any:
-    spec = importlib.util.spec_from_file_location("pre_prompt_under_test", PRE_PROMPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_at(PRE_PROMPT, "pre_prompt_under_test")
 
 
 CLI = ["/v/bin/python", "/v/bin/cookiecutter"]

@@ -7,7 +7,6 @@ or the trainer would only reveal at run time.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import re
@@ -19,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from engines import BIN, ROOT, bake
+from engines import BIN, ROOT, bake, module_at, rules
 from envcases import HANG_S
 
 PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.toml"))
@@ -33,14 +32,6 @@ CASES = [
     {"cluster": preset, "environment": env, **EXTRAS[i % len(EXTRAS)]}
     for i, (preset, env) in enumerate(itertools.product(PRESETS, ENVIRONMENTS))
 ]
-
-
-def _rules():
-    spec = importlib.util.spec_from_file_location("rules", ROOT / "hooks/pre_gen_project.py")
-    assert spec and spec.loader
-    rules = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rules)
-    return rules
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c.values()))
@@ -145,7 +136,7 @@ def test_time_limit_derived_values(template: Path, tmp_path: Path, time_limit: s
     """The header keeps the limit as answered (the stop signal is timed in the job)."""
     result = bake("cookiecutter", template, tmp_path, {"time_limit": time_limit})
     assert result.ok, result.stderr
-    assert _rules().parse_time(time_limit)
+    assert rules.parse_time(time_limit)
     for name in ("train.sbatch", "sweep.sbatch"):
         assert f"#SBATCH --time={time_limit}" in sbatch_header(result.project / "slurm" / name)
 
@@ -216,12 +207,7 @@ def test_modules_load_from_a_clean_state(default_bake) -> None:
 
 def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
     project = default_bake.project
-    spec = importlib.util.spec_from_file_location(
-        "dist", project / "src" / project.name / "engine/distributed.py"
-    )
-    assert spec and spec.loader
-    dist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dist)
+    dist = module_at(project / "src" / project.name / "engine/distributed.py", "dist")
     cases = [(8, 0), (9, 0), (1234567, 3), (4001, 7)]
     for job, restart in cases:
         env = f"SLURM_JOB_ID={job} SLURM_RESTART_COUNT={restart}"

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
+from hub_folders import trained_tokenizer  # noqa: E402
 from under_test import PACKAGE  # noqa: E402  (the package's name, from pyproject.toml)
 
 CORPUS = ROOT / "data" / "raw" / "corpus.txt"
@@ -58,20 +59,10 @@ def parse_args() -> argparse.Namespace:
 
 def make_folder(folder: Path, args: argparse.Namespace) -> int:
     """The tied Qwen2 folder with its tokenizer; its parameter count."""
-    import tokenizers  # noqa: PLC0415  (the hf extra)
-    import transformers  # noqa: PLC0415
+    import transformers  # noqa: PLC0415  (the hf extra)
 
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=min(args.vocab, 4096),  # the corpus is small; the embedding has --vocab rows
-        special_tokens=["<eos>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")  # noqa: S106
-    fast.save_pretrained(folder)
+    # The corpus is small: a few thousand tokens; the embedding has --vocab rows all the same.
+    fast = trained_tokenizer(folder, CORPUS, min(args.vocab, 4096))
     config = transformers.Qwen2Config(
         vocab_size=max(args.vocab, len(fast)),
         hidden_size=args.hidden,

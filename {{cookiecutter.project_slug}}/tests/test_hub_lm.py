@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import CORPUS, PACKAGE, assert_identical, cli_env, example_task, pkg, run_cli
+from hub_folders import trained_tokenizer
 from test_ddp import free_job_id, train_losses
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
@@ -48,17 +49,7 @@ def hub_folder(
     folder: Path, tied: bool, dtype: torch.dtype = torch.float32, vocab: int = 320
 ) -> Path:
     """A tiny causal-LM folder in the hub layout, as `save_pretrained` writes one."""
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<eos>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(), trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")  # noqa: S106
-    fast.save_pretrained(folder)
+    fast = trained_tokenizer(folder, CORPUS, vocab)
     config = transformers.LlamaConfig(
         vocab_size=len(fast),
         hidden_size=32,
