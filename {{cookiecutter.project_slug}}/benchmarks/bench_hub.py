@@ -57,8 +57,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def make_folder(folder: Path, args: argparse.Namespace) -> int:
-    """The tied Qwen2 folder with its tokenizer; its parameter count."""
+def make_folder(folder: Path, args: argparse.Namespace, device: str) -> int:
+    """The tied Qwen2 folder with its tokenizer; its parameter count.
+
+    The random weights are drawn on `device` (a GPU draws a billion in a blink, a CPU core
+    takes many seconds); the folder holds them in bf16, as hub models are.
+    """
     import transformers  # noqa: PLC0415  (the hf extra)
 
     # The corpus is small: a few thousand tokens; the embedding has --vocab rows all the same.
@@ -74,10 +78,14 @@ def make_folder(folder: Path, args: argparse.Namespace) -> int:
         tie_word_embeddings=True,
         eos_token_id=fast.eos_token_id,
     )
-    with torch.device("cpu"):
+    with torch.device(device):
         model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder, max_shard_size="2GB")
-    return sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters())
+    del model  # the runs below are other processes: leave them the GPU's memory
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return params
 
 
 def cli(work: Path, *args: str) -> tuple[str, float]:
@@ -128,7 +136,7 @@ def main() -> None:
         (work / "data" / "raw").mkdir(parents=True)
         (work / "data" / "raw" / CORPUS.name).write_bytes(CORPUS.read_bytes())
         base = work / "base"
-        params = make_folder(base, args)
+        params = make_folder(base, args, device)
         print(f"{params / 1e9:.2f} B parameters (tied Qwen2) in {base}", flush=True)
         common = [
             "task.name=hub_lm",

@@ -10,8 +10,9 @@
 # tests; trainer vs raw loop (bench_trainer); the 0.8B language model eager and compiled
 # against a hand-written loop, with MFU (bench_lm); a 9 GB checkpoint saved, saved in the
 # background and loaded against the disk (bench_checkpoint); a 1 B tied Qwen2 from a config
-# under fsdp: steps, save, resume, export read back by transformers, plan (bench_hub). The figure lines of each are
-# gathered at the end of reports/gpu-day-<time>.txt, after the full output.
+# under fsdp: steps, save, resume, export read back by transformers, plan (bench_hub). The
+# figure lines of each are gathered at the end of reports/gpu-day-<time>.txt, after the full
+# output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
