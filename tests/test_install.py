@@ -65,10 +65,6 @@ def site(mirror: Path) -> dict[str, str]:
     return {**os.environ, "PIP_EXTRA_INDEX_URL": mirror.as_uri(), "PIP_FIND_LINKS": links}
 
 
-def installed(python: str) -> str:
-    return tool.installed_torch(python)
-
-
 def test_the_variant_comes_from_its_index_whatever_pip_is_configured_with(
     python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -85,14 +81,15 @@ def test_the_variant_comes_from_its_index_whatever_pip_is_configured_with(
     assert "Would install torch-2.14.1+cu130" in done.stdout, done.stdout + done.stderr
 
     found = {"TORCH_INDEX": cpu.as_uri()}
-    version, args = tool.torch_choice(python, "cpu", found)
+    version = tool.torch_choice(python, "cpu", found)
+    args, env = tool.torch_sources("cpu", found)
     assert (version, args) == ("2.13.0+cpu", ["--index-url", cpu.as_uri()])
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", *args, "torch==" + version],
-                   env=tool.pip_sources(found, torch=cpu.as_uri())[1], check=True)  # fmt: skip
-    assert installed(python) == "2.13.0+cpu"
+                   env=env, check=True)  # fmt: skip
+    assert tool.installed_torch(python) == "2.13.0+cpu"
     # Installed and the variant's: kept (no download); the check still sees the index.
     assert tool.plan_torch(python, "cpu", found) is None
-    assert tool.torch_choice(python, "cpu", found)[0] == "2.13.0+cpu"
+    assert tool.torch_choice(python, "cpu", found) == "2.13.0+cpu"
     # Another variant is not kept: the check runs again, and this index has no cu126 build.
     with pytest.raises(tool.InstallError, match="not the cu126 build"):
         tool.plan_torch(python, "cu126", found)
@@ -115,9 +112,9 @@ def test_an_index_that_offers_another_build_is_refused_before_anything_is_instal
     assert line.startswith("pip would take torch 2.14.1+cu130 (file://"), line
     assert f"not the cpu build of --index-url {wrong.as_uri()}; nothing was installed" in line
     assert "TORCH_INDEX=<url>" in line
-    assert installed(python) == "none"
+    assert tool.installed_torch(python) == "none"
     # the same index is right for its variant
-    assert tool.torch_choice(python, "cu130", {"TORCH_INDEX": wrong.as_uri()})[0] == "2.14.1+cu130"
+    assert tool.torch_choice(python, "cu130", {"TORCH_INDEX": wrong.as_uri()}) == "2.14.1+cu130"
 
 
 def test_an_index_that_does_not_answer_is_named_with_the_way_out(
@@ -237,7 +234,7 @@ def test_an_offline_install_from_wheels_then_a_failed_one_leaves_it_working(
     assert line.startswith("make install: installing the project failed (ERROR: "), line
     assert "absent-pkg" in line
     assert line.endswith("the folder lacks it: run `make wheels` again where there is internet")
-    assert installed(python) == "2.13.0+cpu"
+    assert tool.installed_torch(python) == "2.13.0+cpu"
     assert run([python, "-c", "import tiny"], project).returncode == 0
 
 

@@ -129,8 +129,9 @@ def loaded(folder: Path) -> tuple[int, int, bool]:
 
 def main() -> None:
     args = parse_args()
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    device = "cpu" if device == "auto" else device
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="bench-hub-") as tmp:
         work = Path(tmp)
         (work / "data" / "raw").mkdir(parents=True)
@@ -154,7 +155,7 @@ def main() -> None:
             "run.progress=log",
         ]
         cli(work, "prepare", *common)
-        out, _ = cli(work, "train", *common, f"train.max_steps={args.steps}")
+        cli(work, "train", *common, f"train.max_steps={args.steps}")
         summary = json.loads((work / "runs" / "hub" / "summary.json").read_text("utf-8"))
         manifests = sorted((work / "runs" / "hub").rglob("manifest.json"))
         save_s = max(json.loads(m.read_text("utf-8"))["seconds"] for m in manifests)

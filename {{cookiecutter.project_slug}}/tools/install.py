@@ -148,18 +148,22 @@ def pip_sources(found: dict[str, str], *, torch: str = "") -> tuple[list[str], d
     return [], env
 
 
+def torch_sources(variant: str, found: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Options and environment of pip for torch: the variant's index alone (or the folder)."""
+    return pip_sources(found, torch=torch_index(variant, found))
+
+
 def source_fix(found: dict[str, str]) -> str:
     """The way out when a package cannot be fetched from these sources."""
     return FIX["wheels" if "WHEELS" in found else "index"]
 
 
-def torch_choice(python: str, variant: str, found: dict[str, str]) -> tuple[str, list[str]]:
-    """The torch version pip would install for the variant, and the options of its source.
+def torch_choice(python: str, variant: str, found: dict[str, str]) -> str:
+    """The torch version pip would install for the variant from `torch_sources`.
 
     A dry run (metadata only) names the wheel; its label must be the variant's.
     """
-    index = torch_index(variant, found)
-    args, env = pip_sources(found, torch=index)
+    args, env = torch_sources(variant, found)
     where = " ".join(args)
     look = subprocess.run(  # noqa: S603
         [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
@@ -183,7 +187,7 @@ def torch_choice(python: str, variant: str, found: dict[str, str]) -> tuple[str,
             "take the wheel out of pip's find-links (pip config list)"
         )
     print(f"torch {version} ({variant}) from {url}", flush=True)
-    return version, args
+    return str(version)
 
 
 def pip_version(python: str) -> tuple[int, ...]:
@@ -230,7 +234,7 @@ def in_range(version: str) -> bool:
     return (2, 4) <= (major, minor) < (3, 0)
 
 
-def plan_torch(python: str, variant: str, found: dict[str, str]) -> tuple[str, list[str]] | None:
+def plan_torch(python: str, variant: str, found: dict[str, str]) -> str | None:
     """The torch to install, or None where the installed one is the variant's and in range.
 
     An installed torch is kept: running make install again costs no download of gigabytes
@@ -248,9 +252,9 @@ def pip_install(
     variant: str,
     extra: str,
     found: dict[str, str],
-    torch: tuple[str, list[str]] | None,
+    torch: str | None,
 ) -> None:
-    """Install `torch` (version, source options; None: keep it), then the project.
+    """Install `torch` (its version from `torch_sources`; None: keep it), then the project.
 
     pip first becomes a version that installs dependency groups; torch comes alone
     (--no-deps), its own dependencies with the project's and its dev tools.
@@ -261,10 +265,9 @@ def pip_install(
         step([python, "-m", "pip", "install", "--upgrade", *args, "pip>=25.1"], env,
              "upgrading pip", fix)  # fmt: skip
     if torch is not None:
-        version, torch_args = torch
-        _, torch_env = pip_sources(found, torch=torch_index(variant, found))
-        step([python, "-m", "pip", "install", "--no-deps", *torch_args, f"torch=={version}"],
-             torch_env, f"installing torch {version}", fix)  # fmt: skip
+        torch_args, torch_env = torch_sources(variant, found)
+        step([python, "-m", "pip", "install", "--no-deps", *torch_args, f"torch=={torch}"],
+             torch_env, f"installing torch {torch}", fix)  # fmt: skip
     step([python, "-m", "pip", "install", *args, "-e", project(extra), "--group", "dev"], env,
          "installing the project", fix)  # fmt: skip
 
@@ -385,8 +388,8 @@ def download(route: str, variant: str, extra: str, found: dict[str, str], into: 
     if not python:
         raise InstallError("no pip of 25.1 or newer here (it downloads --group dev): make install")
     into.mkdir(parents=True, exist_ok=True)
-    version, torch_args = torch_choice(python, variant, found)
-    _, torch_env = pip_sources(found, torch=torch_index(variant, found))
+    version = torch_choice(python, variant, found)
+    torch_args, torch_env = torch_sources(variant, found)
     get_torch = [python, "-m", "pip", "download", "--dest", str(into), "--no-deps", *torch_args]
     step([*get_torch, f"torch=={version}"], torch_env, f"downloading torch {version}",
          FIX["index"])  # fmt: skip
