@@ -68,18 +68,21 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
 
     # The same fsdp run in segments: background saves every 3 steps, a synchronous one at
     # each segment's end. The step-8 checkpoint is dropped as if the job had been killed
-    # before it, so the second segment resumes from the background save of step 6.
+    # before it, so the second segment resumes from the newest background save: step 6's,
+    # unless step 3's was still being written then (a loaded machine), which skips step 6
+    # and says so.
     fsdp_args = [*TOWER, "run.name=s", "dist.strategy=fsdp"]
     background = ["run.async_checkpoint=true", "run.checkpoint_every_steps=3"]
-    finish(
+    out = finish(
         srun_like(project, free_job_id(), *fsdp_args, *background, "run.max_steps_this_segment=8")
     )
-    assert [s for s, _ in checkpoint.list_checkpoints(runs / "s" / "checkpoints")] == [3, 6, 8]
+    saved = [3, 8] if "the checkpoint due at step 6 is skipped" in out else [3, 6, 8]
+    assert [s for s, _ in checkpoint.list_checkpoints(runs / "s" / "checkpoints")] == saved, out
     checkpoint.remove(runs / "s" / "checkpoints" / "step-000000008.dcp")
     out = finish(srun_like(project, free_job_id(), *fsdp_args, "run.max_steps_this_segment=5"))
-    assert "resumed from step 6" in out
+    assert f"resumed from step {saved[-2]}" in out
     out = finish(srun_like(project, free_job_id(), *fsdp_args))
-    assert "resumed from step 11" in out
+    assert f"resumed from step {saved[-2] + 5}" in out
     final = weights(runs / "s")
     assert final.keys() == weights(runs / "f").keys()
     for key, value in weights(runs / "f").items():
