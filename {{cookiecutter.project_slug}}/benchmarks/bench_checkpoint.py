@@ -61,10 +61,11 @@ from torch.distributed.checkpoint.staging import DefaultStager  # noqa: E402
 
 from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-checkpoint, checkpoint_io, distributed, strategies = (
+checkpoint, checkpoint_io, distributed, shard_files, strategies = (
     pkg("engine.checkpoint"),
     pkg("engine.checkpoint_io"),
     pkg("engine.distributed"),
+    pkg("engine.shard_files"),
     pkg("engine.strategy"),
 )
 
@@ -131,7 +132,7 @@ def profile_parts() -> dict[str, list[tuple[Any, str]]]:
         "copy off the device (staging)": [(DefaultStager, "stage")],
         "serialize (torch.save)": [(torch, "save")],
         "digest and write into the page cache": [(checkpoint.DigestingFile, "write")],
-        "checksums (digest)": [(checkpoint, "file_digest")],
+        "checksums (digest)": [(checkpoint, "file_digest"), (shard_files.CheckedFile, "_feed")],
         "fsync (waiting for the disk)": [(os, "fsync")],
         "manifest and rename": [(checkpoint, "write_manifest"), (Path, "replace")],
         "read and unpickle (torch.load)": [(torch, "load")],

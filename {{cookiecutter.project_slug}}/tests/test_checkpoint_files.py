@@ -1,7 +1,9 @@
 """Checkpoint files at disk speed: digests taken as written, checked as read; a snapshot."""
 
+import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ checkpoint = pkg("engine.checkpoint")
 checkpoint_io = pkg("engine.checkpoint_io")
 distributed = pkg("engine.distributed")
 errors = pkg("errors")
+shard_files = pkg("engine.shard_files")
 strategies = pkg("engine.strategy")
 
 
@@ -63,20 +66,60 @@ def test_a_background_save_writes_the_state_of_its_step(tmp_path: Path) -> None:
     assert all(torch.equal(w, s) for w, s in zip(net.parameters(), saved, strict=True))
 
 
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("file", "damage"),
+    [
+        ("shard", lambda data: flip(data, len(data) // 2)),  # in a tensor's data: read as is
+        ("shard", lambda data: flip(data, len(data) - 30)),  # in a zip index: torch.load fails
+        ("shard", lambda data: data[: len(data) // 3]),  # cut short
+        (".metadata", lambda data: flip(data, len(data) // 2)),
+    ],
+)
 def test_a_shard_changed_after_the_save_is_refused_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], file: str, damage: Any
 ) -> None:
     out, net, stepped, _ = saver(tmp_path, "fsdp")
     out.save(1, net, stepped, {"step": 1}, background=False)
     ((_, path),) = checkpoint.list_checkpoints(tmp_path / "ckpt")
-    shard = max(path.glob("__0_*"), key=lambda f: f.stat().st_size)
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    shard.write_bytes(bytes(data))
+    shards = path.glob("__0_*") if file == "shard" else [path / file]
+    damaged = max(shards, key=lambda f: f.stat().st_size)
+    damaged.write_bytes(damage(damaged.read_bytes()))
     with pytest.raises(errors.NoIntactCheckpointError):
         out.load_latest(net, stepped)
     out.close()
-    assert f"skipping a checkpoint: {shard}: checksum mismatch" in capsys.readouterr().out
+    assert f"skipping a checkpoint: {damaged}: checksum mismatch" in capsys.readouterr().out
+
+
+def test_a_file_read_in_any_order_is_digested_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCP and torch.load read a file out of order, again, or not at all in places."""
+    monkeypatch.setattr(shard_files.CheckedFile, "KEEP", 64)  # pieces kept and pieces waiting
+    rng = random.Random(0)  # noqa: S311  (read patterns, not secrets)
+    data = rng.randbytes(5000)
+    intact, changed = tmp_path / "intact", tmp_path / "changed"
+    intact.write_bytes(data)
+    expected = checkpoint.file_digest(intact)
+    for trial in range(300):
+        file = intact if trial % 3 else changed
+        changed.write_bytes(flip(data, rng.randrange(len(data))))
+        with file.open("rb") as f:
+            checked = shard_files.CheckedFile(f, expected, checkpoint.DIGEST)
+            for _ in range(rng.randrange(12)):
+                at, size = rng.randrange(len(data)), rng.randint(1, 600)
+                checked.seek(at)
+                if rng.random() < 0.5:
+                    got = checked.read(size)
+                else:
+                    buffer = bytearray(size)
+                    got = bytes(buffer[: checked.readinto(buffer)])
+                assert got == file.read_bytes()[at : at + size]
+            problem = checked.check()
+        assert (problem is None) == (file == intact), (trial, problem)
 
 
 def test_the_zip_crc_switch_holds_for_its_own_thread_and_ends_with_it() -> None:

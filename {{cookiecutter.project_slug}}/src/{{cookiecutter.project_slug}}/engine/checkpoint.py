@@ -49,9 +49,14 @@ HOLDER_WAIT_S = 10.0  # the longest a refused job waits for the lock's holder to
 _ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
+def hasher(algorithm: str = DIGEST) -> Any:
+    """A new digest of `algorithm` (xxh3_128 or sha256): update(bytes), hexdigest()."""
+    return _ALGORITHMS[algorithm]()
+
+
 def file_digest(path: Path, algorithm: str = DIGEST) -> str:
     """The digest of a file with `algorithm` (xxh3_128 or sha256), read in 8 MiB pieces."""
-    digest = _ALGORITHMS[algorithm]()
+    digest = hasher(algorithm)
     with path.open("rb") as f:
         while piece := f.read(8 << 20):
             digest.update(piece)
@@ -173,7 +178,7 @@ class DigestingFile:
 
     def __init__(self, f: IO[bytes]) -> None:
         """Wrap the open file `f`."""
-        self.f, self.digest = f, _ALGORITHMS[DIGEST]()
+        self.f, self.digest = f, hasher()
 
     def write(self, data: bytes) -> int:
         """Write `data`, adding it to the digest."""
