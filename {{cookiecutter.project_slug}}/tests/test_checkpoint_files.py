@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint.planner import LoadPlan
 
 from conftest import pkg
 
@@ -92,6 +93,23 @@ def test_a_shard_changed_after_the_save_is_refused_naming_it(
         out.load_latest(net, stepped)
     out.close()
     assert f"skipping a checkpoint: {damaged}: checksum mismatch" in capsys.readouterr().out
+
+
+def test_each_file_is_checked_by_its_own_process_also_where_it_reads_none_of_it(
+    tmp_path: Path,
+) -> None:
+    """A process checks the files of its rank (modulo the processes), read or not, and leaves
+    the others' to them: with 2 processes, rank 1 checks no file that rank 0 wrote."""
+    out, net, stepped, _ = saver(tmp_path, "fsdp")
+    out.save(1, net, stepped, {"step": 1}, background=False)
+    out.close()
+    ((_, path),) = checkpoint.list_checkpoints(tmp_path / "ckpt")
+    shard = max(path.glob("__0_*"), key=lambda f: f.stat().st_size)
+    shard.write_bytes(flip(shard.read_bytes(), 100))
+    manifest, nothing = checkpoint.read_manifest(path), LoadPlan([])
+    shard_files.reader(path, manifest, rank=1, world_size=2).read_data(nothing, None)
+    with pytest.raises(errors.CheckpointError, match=f"{shard}: checksum mismatch"):
+        shard_files.reader(path, manifest, rank=0, world_size=2).read_data(nothing, None)
 
 
 def test_a_file_read_in_any_order_is_digested_whole(

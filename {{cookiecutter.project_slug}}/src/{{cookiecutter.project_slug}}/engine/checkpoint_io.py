@@ -368,7 +368,7 @@ class Checkpointer:
         meta: dict[str, Any] = torch.load(path / "meta.pt", weights_only=True)
         tensors = self.strategy.state(net, stepped)  # the shards this process holds
         io, solo = distributed.io_group(), not self.denv.distributed
-        files = shard_files.reader(path, manifest)
+        files = shard_files.reader(path, manifest, self.denv.rank, self.denv.world_size)
         try:
             with checkpoint.alone() if solo else nullcontext():
                 dcp.load(tensors, storage_reader=files, process_group=io, no_dist=solo)

@@ -18,6 +18,7 @@ cost what the disk costs and no more (benchmarks/bench_checkpoint.py profiles bo
 
 import io
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -163,33 +164,61 @@ class CheckedFile:
         return None
 
 
+def checker(name: str, world_size: int) -> int | None:
+    """The process that checks file `name` of a sharded checkpoint in full; None: each reader.
+
+    DCP names a process's data files `__<rank>_<n>.distcp`. Each is checked by the process of
+    that rank (modulo the processes now), which reads most of it when the number of processes
+    is unchanged; a process reading a few records of another's file (DCP writes a tensor all
+    processes hold once) leaves that file to its checker. Other files (`.metadata`) are small
+    and checked by every process that reads them.
+    """
+    found = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+    return None if found is None else int(found[1]) % world_size
+
+
 class _CheckedFiles(FileSystem):
     """DCP's local file system whose files opened to read are checked against a manifest.
 
     `problem`: the line of the first file that did not match, also raised as CheckpointError
-    (which DCP wraps in its own exception).
+    (which DCP wraps in its own exception). `opened`: the names of the files opened so far.
     """
 
-    def __init__(self, manifest: dict[str, Any]) -> None:
+    def __init__(self, manifest: dict[str, Any], rank: int, world_size: int) -> None:
         super().__init__()
-        self.manifest, self.problem = manifest, ""
+        self.manifest, self.problem, self.opened = manifest, "", set[str]()
+        self.rank, self.world_size = rank, world_size
+
+    def mine(self, name: str) -> bool:
+        """Whether this process checks file `name` whole (see `checker`)."""
+        return checker(name, self.world_size) in (None, self.rank)
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], _mode: str) -> Iterator[Any]:
-        """A file to read (DCP's reader only reads), checked once DCP is done with it or failed."""
+        """A file to read (DCP's reader only reads), checked once DCP is done with it or failed.
+
+        A file this process does not check whole (`mine`) is checked only when reading it
+        failed: a damaged file is named by its checksum, not by torch.load's error.
+        """
         path = Path(path)
         if (expected := self.manifest["files"].get(path.name)) is None:
             self._refuse(f"{path}: not in the checkpoint's checksum record")
+        self.opened.add(path.name)
         with path.open("rb") as f:
             stream = CheckedFile(f, expected, self.manifest["algorithm"])
             try:
                 yield stream
-            except Exception as err:  # a damaged file can fail torch.load before the check
+            except Exception as err:
                 if problem := stream.check():
                     self._refuse(problem, err)
                 raise
-            if problem := stream.check():
+            if self.mine(path.name) and (problem := stream.check()):
                 self._refuse(problem)
+
+    def unread(self) -> list[str]:
+        """The data files this process checks whole (`checker`) but has not opened."""
+        files, rank = self.manifest["files"], self.rank
+        return [f for f in files if f not in self.opened and checker(f, self.world_size) == rank]
 
     def _refuse(self, problem: str, cause: BaseException | None = None) -> NoReturn:
         self.problem = self.problem or problem
@@ -199,9 +228,9 @@ class _CheckedFiles(FileSystem):
 class _Reader(dcp.FileSystemReader):
     """DCP's file reader, reading a process's files in parallel, each checked as it is read."""
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, path: Path, manifest: dict[str, Any], rank: int, world_size: int) -> None:
         super().__init__(path)
-        self.fs = self.checked = _CheckedFiles(manifest)
+        self.fs = self.checked = _CheckedFiles(manifest, rank, world_size)
 
     @property
     def problem(self) -> str:
@@ -209,7 +238,11 @@ class _Reader(dcp.FileSystemReader):
         return self.checked.problem
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Read the plan's items file by file in file order, files in parallel."""
+        """Read the plan's items file by file in file order, files in parallel.
+
+        Then this process's files it did not read are checked (with another number of
+        processes than wrote them).
+        """
         by_file: dict[str, list[Any]] = defaultdict(list)
         for item in plan.items:
             by_file[self.storage_data[item.storage_index].relative_path].append(item)
@@ -218,8 +251,14 @@ class _Reader(dcp.FileSystemReader):
             items.sort(key=lambda item: self.storage_data[item.storage_index].offset)
             super(_Reader, self).read_data(LoadPlan(items), planner).wait()
 
+        def check(name: str) -> None:
+            with self.fs.create_stream(Path(self.path) / name, "rb"):
+                pass  # nothing read: the check reads it all
+
         with ThreadPoolExecutor(checkpoint.READ_THREADS, thread_name_prefix="load") as pool:
             for done in [pool.submit(read, items) for items in by_file.values()]:
+                done.result()
+            for done in [pool.submit(check, name) for name in self.checked.unread()]:
                 done.result()
         finished: Future[None] = Future()
         finished.set_result(None)
@@ -236,9 +275,11 @@ def writer(folder: Path) -> dcp.FileSystemWriter:
     return out
 
 
-def reader(folder: Path, manifest: dict[str, Any]) -> _Reader:
-    """DCP's file reader for checkpoint `folder`, checking each file against its `manifest`.
+def reader(folder: Path, manifest: dict[str, Any], rank: int, world_size: int) -> _Reader:
+    """DCP's file reader for checkpoint `folder`, checking files against its `manifest`.
+
+    Process `rank` of `world_size` checks the files `checker` gives it, and the small ones.
 
     `reader(...).problem`: the line of a file that did not match, once the load failed.
     """
-    return _Reader(folder, manifest)
+    return _Reader(folder, manifest, rank, world_size)
