@@ -107,9 +107,20 @@ def test_each_file_is_checked_by_its_own_process_also_where_it_reads_none_of_it(
     shard = max(path.glob("__0_*"), key=lambda f: f.stat().st_size)
     shard.write_bytes(flip(shard.read_bytes(), 100))
     manifest, nothing = checkpoint.read_manifest(path), LoadPlan([])
-    shard_files.reader(path, manifest, rank=1, world_size=2).read_data(nothing, None)
+    other = shard_files.reader(path, manifest, rank=1, world_size=2)
+    other.read_data(nothing, None)
+    with other.checked.create_stream(shard, "rb") as f:  # read by rank 1 as it is
+        assert f.read() == shard.read_bytes()
+    # ... unless reading it failed: then it is named by its checksum, not by the failure.
+    with pytest.raises(errors.CheckpointError, match=f"{shard}: checksum mismatch"):
+        fail_reading(other.checked, shard)
     with pytest.raises(errors.CheckpointError, match=f"{shard}: checksum mismatch"):
         shard_files.reader(path, manifest, rank=0, world_size=2).read_data(nothing, None)
+
+
+def fail_reading(files: Any, path: Path) -> None:
+    with files.create_stream(path, "rb"):
+        raise RuntimeError("torch.load: PytorchStreamReader failed reading zip archive")
 
 
 def test_a_file_read_in_any_order_is_digested_whole(

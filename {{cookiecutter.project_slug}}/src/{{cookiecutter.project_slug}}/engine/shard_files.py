@@ -197,22 +197,23 @@ class _CheckedFiles(FileSystem):
     def create_stream(self, path: str | os.PathLike[str], _mode: str) -> Iterator[Any]:
         """A file to read (DCP's reader only reads), checked once DCP is done with it or failed.
 
-        A file this process does not check whole (`mine`) is checked only when reading it
-        failed: a damaged file is named by its checksum, not by torch.load's error.
+        A file this process does not check whole (`mine`) is read as it is, and checked only
+        when reading it failed: a damaged file is named by its checksum, not by torch.load.
         """
         path = Path(path)
         if (expected := self.manifest["files"].get(path.name)) is None:
             self._refuse(f"{path}: not in the checkpoint's checksum record")
         self.opened.add(path.name)
+        mine = self.mine(path.name)
         with path.open("rb") as f:
             stream = CheckedFile(f, expected, self.manifest["algorithm"])
             try:
-                yield stream
+                yield stream if mine else f
             except Exception as err:
-                if problem := stream.check():
+                if problem := stream.check():  # what it did not read, it reads now
                     self._refuse(problem, err)
                 raise
-            if self.mine(path.name) and (problem := stream.check()):
+            if mine and (problem := stream.check()):
                 self._refuse(problem)
 
     def unread(self) -> list[str]:
