@@ -206,6 +206,10 @@ class _CheckedFiles(FileSystem):
         self.opened.add(path.name)
         mine = self.mine(path.name)
         with path.open("rb") as f:
+            if mine and hasattr(os, "posix_fadvise"):  # not on macOS
+                # All of it will be read: the disk reads ahead while torch.load unpacks
+                # (without, the load of a 128 MB sample took 0.1 or 0.2 s by chance).
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
             stream = CheckedFile(f, expected, self.manifest["algorithm"])
             try:
                 yield stream if mine else f

@@ -194,9 +194,10 @@ def _fit(small: tuple[float, float], large: tuple[float, float]) -> tuple[float,
 def _time_sample(cfg: Config, folder: Path, megabytes: int) -> tuple[float, float, float]:
     """(bytes, save seconds, load seconds) of a sample checkpoint of `megabytes`."""
     # Half of it weights, half optimizer state (SGD's momentum), as a trained model has both:
-    # fp32 in tensors of up to 64 MiB, like a large model's matrices.
+    # fp32 in tensors of up to 16 MiB, like a large model's matrices: the sample of 128 MB
+    # fills each of DCP's four writer files as a checkpoint does (in 64 MiB tensors, two).
     floats = megabytes * 125_000
-    chunks = [min(16 << 20, floats - i) for i in range(0, floats, 16 << 20)]
+    chunks = [min(4 << 20, floats - i) for i in range(0, floats, 4 << 20)]
     net = nn.ParameterList(nn.Parameter(torch.rand(n)) for n in chunks)
     sgd = torch.optim.SGD(net.parameters(), lr=0.0, momentum=0.9)
     for weight in net.parameters():
