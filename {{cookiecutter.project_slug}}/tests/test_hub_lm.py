@@ -22,7 +22,7 @@ from hub_folders import trained_tokenizer
 from test_ddp import free_job_id, train_losses
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
-tokenizers = pytest.importorskip("tokenizers", reason="the hf extra is not installed")
+pytest.importorskip("tokenizers", reason="the hf extra is not installed")  # hub_folders trains one
 
 # Sharded runs on two processes: `make test-all` and CI run them.
 pytestmark = [
