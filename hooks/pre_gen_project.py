@@ -45,7 +45,7 @@ from jinja2.ext import Extension
 from slugify import slugify as _python_slugify
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Collection, Iterator, Mapping
     from types import FrameType
 
 # Generated from the template, with a freshness test:
@@ -832,14 +832,17 @@ ENGINE_KEYS = frozenset({"_template", "_output_dir", "_repo_dir", "_checkout", "
 OWN_SETTING = "is the template's own setting and cannot be given"
 
 
-def check_options(answers: Mapping[str, Any]) -> list[str]:
+def check_options(
+    answers: Mapping[str, Any], options: Collection[str] = TEMPLATE_OPTIONS
+) -> list[str]:
     """Cookiecutter and cruft: no underscore key but the template's and the engine's own.
 
+    ``options``: the template's own, read from its cookiecutter.json where the caller has it.
     ``_extensions`` is checked by value: without it the early rules are switched off.
     """
     errors = []
     for field, value in answers.items():
-        unknown = field not in TEMPLATE_OPTIONS and field not in ENGINE_KEYS
+        unknown = field not in options and field not in ENGINE_KEYS
         if field.startswith("_") and not field.startswith("__") and unknown:
             errors.append(_say(field, value, OWN_SETTING))
     if answers.get("_extensions") != EXTENSIONS:
@@ -1137,10 +1140,15 @@ def check_rendered(answers: Mapping[str, Any], template: Mapping[str, Any]) -> l
     Replay files reach this point unrendered and unprompted, with options of their own.
     """
     errors = validate(answers, answers.get("_presets", {}))
+    # The options of the template being rendered, from its own cookiecutter.json: cruft update
+    # renders the project's release and then the new one in one process, with the rules it
+    # loaded first, so these rules must also accept the options a later release adds.
+    options = [k for k in template if k.startswith("_") and not k.startswith("__")]
     for field, value in answers.items():
-        if field in TEMPLATE_OPTIONS and value != template.get(field):
+        if field in options and value != template[field]:
             errors.append(_say(field, value, OWN_SETTING))
-    return errors + [m for m in check_options(answers) if not m.startswith("_extensions")]
+    own = check_options(answers, options)
+    return errors + [m for m in own if not m.startswith("_extensions")]
 
 
 # The template folder's name, as cookiecutter renders it into the project folder.

@@ -415,6 +415,23 @@ def test_replayed_options_are_refused() -> None:
     assert [m.split(" ", 1)[0] for m in messages] == ["_template_version", "_copy_without_render"]
 
 
+def test_an_option_a_later_release_adds_is_judged_by_its_template() -> None:
+    """cruft update renders the new release with the rules of the project's release."""
+    answers = {
+        "project_name": "P",
+        "project_slug": "p_net",
+        "_extensions": CC["_extensions"],
+        "_copy_without_render": ["tests"],
+    }
+    later = {**CC, "_copy_without_render": ["tests"]}
+    assert rules.check_rendered(answers, later) == []
+    messages = rules.check_rendered({**answers, "_copy_without_render": ["*"]}, later)
+    assert [m.split(" ", 1)[0] for m in messages] == ["_copy_without_render"]
+    assert [m.split(" ", 1)[0] for m in rules.check_rendered(answers, CC)] == [
+        "_copy_without_render"
+    ]
+
+
 def test_template_options_list_is_complete() -> None:
     options = [k for k in CC if k.startswith("_") and not k.startswith("__")]
     assert sorted(options) == sorted(rules.TEMPLATE_OPTIONS)

@@ -174,6 +174,23 @@ def _template_repo(folder: Path) -> Path:
     return template
 
 
+def _add_template_option(template: Path, name: str) -> None:
+    """A release adds an option of its own to cookiecutter.json, and its rules list it.
+
+    cruft update renders the project's release and then this one in one process, with the
+    rules of the project's release: they must not refuse an option they do not know.
+    """
+    cc_path = template / "cookiecutter.json"
+    cc = json.loads(cc_path.read_text("utf-8"))
+    cc[name] = ["x"]
+    cc_path.write_text(json.dumps(cc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    hook = template / "hooks" / "pre_gen_project.py"
+    text = hook.read_text("utf-8")
+    listed = text.replace('"_project_owned")', f'"_project_owned", "{name}")', 1)
+    assert listed != text, "TEMPLATE_OPTIONS has moved: update this test"
+    hook.write_text(listed, "utf-8")
+
+
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory: pytest.TempPathFactory) -> Releases:
     template = _template_repo(tmp_path_factory.mktemp("releases"))
@@ -185,6 +202,8 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Releases:
     _release(template, versions[0])
     for version in versions[1:]:
         _change_files(template, version)
+        if version == versions[-1]:
+            _add_template_option(template, "_a_later_option")
         _release(template, version, ACTION if version == versions[-1] else "no action needed.")
     return Releases(template, versions)
 
