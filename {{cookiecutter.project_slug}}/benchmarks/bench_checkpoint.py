@@ -7,10 +7,10 @@ then, for `dist.strategy` ddp (one file) and fsdp (the sharded format), in `--pr
 processes (gloo on the CPU):
 
 - `save`: a blocking save (best of `--rounds`): the loop waits for all of it;
-- `copy`: copying this process's state off the device alone (host buffers already there),
-  and `held`: a background save (`run.async_checkpoint`) until training may go on, to hold to
-  `copy`; `behind`: until it is written (checksums and rename included). The second of two:
-  the first also allocates the host buffers the others reuse (`first`);
+- `held`: a background save (`run.async_checkpoint`) until training may go on, and `copy`:
+  the part of that same save that copied the state off the device (DCP's stager, timed inside
+  it), to hold `held` to; `behind`: until it is written (checksums and rename included). The
+  second of two: the first also allocates the host buffers the others reuse (`first`);
 - `load`: reading the newest checkpoint, verifying it and loading it into the model and
   optimizer, as a resumed run does, from the disk: the checkpoint's pages are dropped from the
   page cache first (`checkpoint.uncache`, posix_fadvise DONTNEED after the save's fsync).
@@ -270,10 +270,9 @@ def measure(rank: int, args: argparse.Namespace, name: str, port: int, out: Path
                 size = run.size()
                 writes.append(disk_write(out, size))
                 (out / "disk-probe").unlink()
-        stager, state = checkpoint_io.stager(device), run.strategy.state(run.net, run.stepped)
-        copies = [timed(device, lambda: stager.stage(state)) for _ in range(3)]
-        stager.close()  # its buffers: a second host copy of the state
-        (first, _), (held, behind) = run.background(), run.background()
+        first, _ = run.background()
+        with Profile({"copy": [(DefaultStager, "stage")]}) as copying:
+            held, behind = run.background()
         loads, reads = [], []
         for _ in range(args.rounds):  # alternating with the disk's own reads, as the saves
             loads.append(run.cold_load())
@@ -291,7 +290,7 @@ def measure(rank: int, args: argparse.Namespace, name: str, port: int, out: Path
                 "save": min(blocking),
                 "disk_write": size / min(writes),
                 "disk_read": size / min(reads),
-                "copy": min(copies[1:]),  # the first allocates the buffers
+                "copy": copying.seconds["copy"],
                 "first": first,
                 "held": held,
                 "behind": behind,
