@@ -1,11 +1,14 @@
 """`model.init_from` in every layout a model is shipped in, and `export` of a run's weights."""
 
 import json
+import os
 import resource
 import signal
 import socket
+import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,10 +106,34 @@ def bad_layouts(project: Path, weights: dict[str, torch.Tensor]) -> dict[str, tu
 def test_unreadable_weights_get_one_line_naming_the_path(project: Path) -> None:
     for name, (path, message) in bad_layouts(project, donor(project)).items():
         with pytest.raises(errors.ConfigError) as caught:
-            pretrained.read_weights(path)
+            pretrained.read_weights(path, pretrained.FIELD)
         text = str(caught.value)
         assert message in text and "\n" not in text, name
         assert str(path.name) in text, name
+
+
+def refusal(read: Callable[[], object]) -> str:
+    """The one line `read` is refused with."""
+    with pytest.raises(errors.ConfigError) as caught:
+        read()
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_a_task_options_missing_weights_are_named_by_that_option(project: Path) -> None:
+    """Task code hands `read_weights` a path alone: the line names the option that held it."""
+    task = blobs(*FAST, weights="models/teacher.safetensors")
+    assert refusal(task.build_model) == "task.weights: no file models/teacher.safetensors"
+    # The task joined the option to a folder: the same option. No setting holds a path: none.
+    joined = project / "models" / "teacher.safetensors"
+    assert refusal(lambda: pretrained.read_weights(joined)) == f"task.weights: no file {joined}"
+    other = project / "other.pt"
+    assert refusal(lambda: pretrained.read_weights(other)) == f"no weights file {other}"
+    # A damaged file is named by the option too, as model.init_from names its own.
+    (project / "junk.pt").write_text("not a weights file")
+    junk = blobs(*FAST, weights=str(project / "junk.pt"))
+    line = refusal(junk.build_model)
+    assert line.startswith(f"task.weights: {project / 'junk.pt'} is not a safetensors"), line
 
 
 def test_a_shape_mismatch_names_the_key(project: Path) -> None:
@@ -200,6 +227,34 @@ def test_a_second_export_keeps_what_the_user_added(project: Path) -> None:
     with pytest.raises(pkg("errors").ConfigError, match=r"config\.toml is yours"):
         export.export_run(run_dir, out, settings)
     assert (out / "config.toml").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_exported_files_follow_the_umask(project: Path, umask: int) -> None:
+    """Shards, index, hub files, config and record: the group reads what the umask lets it.
+
+    safetensors writes 0600 and a hub folder's tokenizer file (0600 here) would keep its mode.
+    """
+    export, settings = pkg("ops.export"), pkg("settings").get_settings()
+    base = write_layout("single-folder", donor(project), project)
+    (base / "config.json").write_text('{"model_type": "toy"}\n')
+    (base / "tokenizer.json").write_text("{}\n")
+    (base / "tokenizer.json").chmod(0o600)
+    task = blobs(*FAST, "run.name=shared", "train.epochs=1", f"model.init_from={base.name}")
+    trainer.train(task.cfg, task)
+    before = os.umask(umask)
+    try:
+        out = export.export_run(
+            project / "runs" / "shared", project / "exported", settings, shard_gb=1e-6
+        )
+    finally:
+        os.umask(before)
+    written = sorted(p.name for p in out.iterdir())
+    assert {pretrained.INDEX, "config.json", "tokenizer.json", "config.toml"} <= set(written)
+    assert sum(name.endswith(".safetensors") for name in written) > 1  # shards
+    modes = {name: oct(stat.S_IMODE((out / name).stat().st_mode)) for name in written}
+    assert modes == dict.fromkeys(written, oct(0o666 & ~umask))
+    assert oct(stat.S_IMODE(out.stat().st_mode)) == oct(0o777 & ~umask)
 
 
 def test_leftovers_of_a_killed_export_go_and_a_running_ones_stay(project: Path) -> None:

@@ -20,8 +20,9 @@ edit to your research code. What each name is:
 - models: `build_model` (`models.py`, yours), `CausalLM` and `LoRA` (`blocks/transformer.py`);
 - processes that talk: `gather_with_grad` (every process's rows of a tensor, with gradients:
   in-batch negatives over the global batch);
-- pretrained weights: `read_weights` (a safetensors file, a hub folder or a PyTorch file) and
-  `INDEX`, the file name of a sharded hub folder's index;
+- pretrained weights: `read_weights` (a safetensors file, a hub folder or a PyTorch file; a
+  path it cannot read is one line naming the `[task]` option that held it) and `INDEX`, the
+  file name of a sharded hub folder's index;
 - errors that stop a command with one line: `ConfigError` (a bad setting), `DataError` (bad
   or missing data).
 """

@@ -50,6 +50,7 @@ from torch.utils.data import Dataset, default_collate
 
 from . import config
 from .config import Config, field_types
+from .data import pretrained
 from .engine import optim
 from .engine.averaging import EMA
 from .errors import ConfigError, DataError
@@ -134,6 +135,7 @@ class Task(ABC):
         """Keep the configuration; `self.options` holds the `[task]` settings, typed."""
         self.cfg, self.settings = cfg, settings
         self.options: Any = self.Options(**cfg.task.options)
+        pretrained.set_task_options(self.options)  # read_weights names the option of a path
         self.where = Where()  # set by the trainer before each batch it trains on
 
     def __getstate__(self) -> dict[str, Any]:

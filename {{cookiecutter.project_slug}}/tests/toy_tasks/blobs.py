@@ -6,6 +6,8 @@ workers and the per-sample seeding are exercised. `task.freeze_epochs` freezes t
 for that many epochs, and `task.first_lr` gives it a learning rate of its own (fine-tuning).
 `task.usr1_step` / `task.usr1_in_val`: the process with rank 1 sends itself SIGUSR1 during
 that training step / during its first validation pass (a stop that one rank alone sees).
+`task.weights`: a weights file `build_model` loads with `read_weights`, as a task reads a
+teacher's.
 """
 
 import os
@@ -21,6 +23,7 @@ from torch.utils.data import Dataset, TensorDataset
 from under_test import pkg
 
 Classification = pkg("task_kinds").Classification
+read_weights = pkg("api").read_weights
 Datasets = pkg("task").Datasets
 split_indices = pkg("task").split_indices
 build_model = pkg("models").build_model
@@ -58,6 +61,7 @@ class Options:
     first_lr: float = 0.0  # > 0: the first layer's own learning rate
     usr1_step: int = 0  # > 0: rank 1 signals itself during this step (counted from the start)
     usr1_in_val: bool = False  # rank 1 signals itself during its first validation pass
+    weights: str = ""  # a weights file build_model loads (read_weights)
 
 
 class Blobs(Classification):
@@ -74,7 +78,10 @@ class Blobs(Classification):
         return Datasets(**{k: TensorDataset(x[i], y[i]) for k, i in parts.items()})
 
     def build_model(self) -> nn.Module:
-        return build_model(self.cfg.model, (self.options.features,), self.options.classes)
+        model = build_model(self.cfg.model, (self.options.features,), self.options.classes)
+        if self.options.weights:
+            model.load_state_dict(read_weights(Path(self.options.weights)))
+        return model
 
     @staticmethod
     def _pair(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

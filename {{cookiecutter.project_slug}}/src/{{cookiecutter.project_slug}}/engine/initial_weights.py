@@ -108,7 +108,7 @@ class InitialWeights:
 
     def _keep_frozen_in(self, dtype: torch.dtype, target: nn.Module) -> None:
         """Frozen parameters of `target` that the files hold in `dtype` become `dtype` (meta)."""
-        files, rename = WeightFiles(self.path), self.task.pretrained_name
+        files, rename = WeightFiles(self.path, FIELD), self.task.pretrained_name
         names, params = files.names(), dict(target.named_parameters(remove_duplicate=False))
         for group in tie_groups(target):
             param = params.get(group[0])
@@ -177,7 +177,8 @@ class InitialWeights:
 
     def _load_target(self, target: nn.Module) -> None:
         """Each tensor of `target` (this process's part of it) from the files."""
-        files, rename, source = WeightFiles(self.path), self.task.pretrained_name, self.path
+        files, source = WeightFiles(self.path, FIELD), self.path
+        rename = self.task.pretrained_name
         state, held = target.state_dict(), set[str]()
         missing, shapes, plan = [], [], []
         names = files.names()

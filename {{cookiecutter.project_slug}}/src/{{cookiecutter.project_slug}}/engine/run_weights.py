@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.pretrained import read_weights
+from ..data.pretrained import FIELD, read_weights
 from ..errors import CheckpointError
 from ..settings import Settings
 from ..task import Task, config_from_dict, load_task
@@ -52,7 +52,7 @@ def with_frozen_base(found: RunWeights, settings: Settings) -> dict[str, torch.T
     task, net = model_on_meta(found.config, settings)
     prefix = target_prefix(task, net)
     path = Path(cfg.model.init_from)
-    base = read_weights(path if path.is_absolute() else settings.project_root / path)
+    base = read_weights(path if path.is_absolute() else settings.project_root / path, FIELD)
     named = {prefix + key: value for key, value in base.items()}
     for group in tie_groups(net):  # a tied tensor may be stored under one of its names only
         if present := [n for n in group if n in named]:

@@ -18,7 +18,9 @@ adapter folder (`adapter_config.json`, `adapter_model.safetensors`) that
 
 Streamed: tensors are read from the checkpoint (engine/run_weights.ModelTensors; never the
 optimizer) and from `model.init_from` (a frozen base) one output shard at a time, so the peak
-memory is about one shard. Written into a temporary folder and renamed into place.
+memory is about one shard. Written into a temporary folder and renamed into place. Every
+file and the folder get the modes the umask gives new ones, as a checkpoint's do: under umask
+002 or 022 the group reads the export from shared storage.
 """
 
 import errno
@@ -33,7 +35,7 @@ import torch
 from torch import nn
 
 from ..config import to_toml
-from ..data.pretrained import INDEX, SINGLE, WeightFiles
+from ..data.pretrained import FIELD, INDEX, SINGLE, WeightFiles
 from ..data.processed import swapped_in
 from ..engine.initial_weights import tie_groups
 from ..engine.run_weights import ModelTensors, model_on_meta, target_prefix
@@ -121,6 +123,19 @@ def _written_fails(err: Exception, out_dir: Path) -> ConfigError:
     )
 
 
+def _new_file_mode() -> int:
+    """The mode `open` gives a new file under this process's umask (0o666 less the umask).
+
+    Every file export writes gets it, as a checkpoint's files (written with `open`) do: a
+    group that may read the project's storage (umask 002 or 022) may read the export.
+    safetensors writes 0600 (through a temporary file) and `copy2` keeps the source's mode.
+    The umask can only be read by setting it: set back at once, before any file is written.
+    """
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A contiguous copy; floating tensors in `dtype`, integer buffers (counters) as they are."""
     target = dtype if tensor.is_floating_point() else tensor.dtype
@@ -137,7 +152,7 @@ class Source:
         self.task, self.net = model_on_meta(self.ckpt.config, settings)
         init = Path(self.cfg.model.init_from) if self.cfg.model.init_from else None
         self.init = init if init is None or init.is_absolute() else settings.project_root / init
-        self.base = WeightFiles(self.init) if self.init and self.ckpt.frozen else None
+        self.base = WeightFiles(self.init, FIELD) if self.init and self.ckpt.frozen else None
         prefix = target_prefix(self.task, self.net)
         # A name left out of the checkpoint (frozen) -> its name in init_from's files; a tied
         # tensor stored under another of its names counts as stored.
@@ -320,6 +335,7 @@ def export_run(
     record |= {"dtype": dtype, "adapters": adapters}
     from safetensors import SafetensorError  # noqa: PLC0415  (export only)
 
+    mode = _new_file_mode()  # the folder itself is made by mkdir, which follows the umask
     try:
         with swapped_in(out_dir) as tmp:
             if adapters:
@@ -330,7 +346,8 @@ def export_run(
             (tmp / "config.toml").write_text(to_toml(source.cfg), encoding="utf-8")
             record["files"] = sorted([*(p.name for p in tmp.iterdir()), RECORD])
             (tmp / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
-            for path in tmp.iterdir():
+            for path in tmp.iterdir():  # only what export wrote: the user's files come next
+                path.chmod(mode)
                 with path.open("rb") as f:
                     os.fsync(f.fileno())
             _keep(yours, out_dir, tmp)
