@@ -37,6 +37,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import DataError, first_line
 from ..task import Batch, batch_seed, check_structure, seeded_batch
+from . import failures
+from .failures import ReadFailure
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,38 @@ def stateful(stream: object) -> bool:
     )
 
 
+def inexact_state(stream: object) -> str:
+    """Why `stream`'s own state would not resume it exactly; "" where it would, as far as known.
+
+    Known: a Hugging Face `datasets` stream shuffled through its own buffer (`.shuffle(...)`).
+    Its `state_dict()` holds no buffer contents, so a resume refills the buffer with other rows,
+    and with DataLoader workers its `load_state_dict` fails (an IndexError, datasets 5).
+    `hf_stream` shuffles by replaying the epoch instead. A `ShuffleBuffer` is as exact as the
+    stream inside it.
+    """
+    if isinstance(stream, ShuffleBuffer):
+        return inexact_state(stream.stream)
+    if type(stream).__module__.startswith("datasets.") and _hf_buffered(stream):
+        return (
+            "a Hugging Face datasets stream shuffled through its own buffer: datasets saves no "
+            "buffer contents, so its resume would read other rows or fail"
+        )
+    return ""
+
+
+def _hf_buffered(stream: object) -> bool:
+    """Whether a `datasets.IterableDataset`'s chain of example iterables holds a shuffle buffer."""
+    chain = [getattr(stream, "_ex_iterable", None)]
+    while chain:
+        node = chain.pop()
+        if node is None:
+            continue
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        chain += [getattr(node, "ex_iterable", None), *getattr(node, "ex_iterables", [])]
+    return False
+
+
 @dataclass
 class Tag:
     """Where one worker stands after a batch: what a checkpoint keeps of it.
@@ -108,6 +142,7 @@ class Tag:
     state: Any = None  # the stream's state_dict() after the batch, for a stateful stream
     first: str = ""  # digest of the worker's first batch in this pass (else empty)
     done: bool = False  # the worker's stream ran out: no batch comes with this tag
+    failure: ReadFailure | None = None  # reading failed: no batch comes, nor any after it
 
     def saved(self) -> dict[str, Any]:
         """The tag as a checkpoint stores it."""
@@ -134,9 +169,29 @@ class StreamFeed(IterableDataset):
     check_items: bool = False  # no task collate: the first sample must be batchable by torch
 
     def __iter__(self) -> Iterator[tuple[Batch | None, Tag]]:
-        """This worker's batches with their tags."""
+        """This worker's batches with their tags; a failure ends them with a tag that says it.
+
+        Whatever raises while a batch is made (the stream, the task's collate) is caught here,
+        in the worker, and sent as a `ReadFailure` (see `failures`): never a traceback.
+        """
         info = get_worker_info()
         worker = info.id if info else 0
+        batches = self._batches(worker)
+        while True:
+            try:
+                with failures.reading():
+                    pair = next(batches)
+            except StopIteration:
+                return
+            except Exception as err:  # anything at all: the training process decides
+                failure = failures.caught(err, self.part.rank)
+                yield None, Tag(worker, 0, 0, done=True, failure=failure)
+                return
+            yield pair
+
+    def _batches(self, worker: int) -> Iterator[tuple[Batch | None, Tag]]:
+        """This worker's batches with their tags (see the module)."""
+        info = get_worker_info()
         part = StreamPart(self.part.rank, self.part.world, worker, self.part.workers)
         _context.part, _context.asked = part, False
         saved = self.resume.get(worker)

@@ -13,8 +13,13 @@ batch is loaded with torch, `random` and numpy seeded from (seed, epoch, its fir
 random augmentation in workers is the same on every start and a resume is exact.
 A task's own `collate` makes the batches of the DataLoader path (training and evaluation);
 a data set's own `__getitems__` (one call for a whole batch) is used when it has one.
+
+A batch whose reading fails (a damaged file in `__getitem__`, an error in `collate`) comes
+back as a `ReadFailure` (see `data.failures`), caught where it happened: training stops on
+every process after the last good optimizer step (`LoaderBatches`), evaluation raises it.
 """
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -27,8 +32,12 @@ from torch.utils.data import (
     default_collate,
 )
 
+from ..data import failures
+from ..data.failures import ReadError, ReadFailure
+from ..data.streams import inexact_state
 from ..errors import DataError, first_line
 from ..task import Batch, batch_seed, check_structure, seeded_batch
+from . import distributed
 from .distributed import DistEnv
 from .preemption import start_worker
 from .stream_batches import StreamBatches, is_stream
@@ -122,9 +131,9 @@ class SeededSamples(Dataset):
     run draws the same batches, so each batch's random numbers are the same on every start.
     """
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
-        """Wrap `dataset`; `seed` is the run's seed."""
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset: Dataset, seed: int, rank: int = 0) -> None:
+        """Wrap `dataset`; `seed` is the run's seed, `rank` the process's (for failures)."""
+        self.dataset, self.seed, self.rank = dataset, seed, rank
         # Indexing a TensorDataset draws no random numbers: no generators to seed then.
         self.draws = not isinstance(dataset, TensorDataset)
 
@@ -140,15 +149,51 @@ class SeededSamples(Dataset):
         return [self.dataset[index] for index in indices]
 
     def __getitems__(self, key: BatchKey) -> list[Any]:
-        """The samples of one batch, as they are drawn in its epoch."""
-        if not self.draws:
-            return self.load(key.indices)
-        with seeded_batch(batch_seed(self.seed, key.epoch, key.indices[0])):
-            return self.load(key.indices)
+        """The samples of one batch, as they are drawn in its epoch; or its `ReadFailure`."""
+        try:
+            with failures.reading():
+                if not self.draws:
+                    return self.load(key.indices)
+                with seeded_batch(batch_seed(self.seed, key.epoch, key.indices[0])):
+                    return self.load(key.indices)
+        except Exception as err:  # anything at all: sent as data, the trainer decides
+            return [failures.caught(err, self.rank)]
 
     def __getitem__(self, key: BatchKey) -> Any:
         """The samples of one batch (DataLoader calls `__getitems__`; this is its fallback)."""
         return self.__getitems__(key)
+
+
+class Collating:
+    """The task's `collate` (or torch's) in the workers: a `ReadFailure` passes as the batch."""
+
+    def __init__(self, collate: Collate | None, rank: int) -> None:
+        """Batch with `collate`; `rank` names the process in a failure."""
+        self.collate, self.rank = collate or default_collate, rank
+
+    def __call__(self, items: list[Any]) -> Batch:
+        """One batch of `items`, or the failure of reading or batching them."""
+        if len(items) == 1 and isinstance(items[0], ReadFailure):
+            return items[0]
+        try:
+            with failures.reading():
+                return self.collate(items)
+        except Exception as err:  # the task's collate: sent as data like a read's failure
+            return failures.caught(err, self.rank)
+
+
+def read_batches(live: Iterator[Any], rank: int) -> Iterator[Batch]:
+    """A DataLoader's batches; `ReadError` where one failed (in a worker or in the loader)."""
+    while True:
+        try:
+            batch = next(live)
+        except StopIteration:
+            return
+        except Exception as err:  # the loader's own: a worker killed, a batch it cannot send
+            raise ReadError(failures.from_loader(err, rank)) from err
+        if isinstance(batch, ReadFailure):
+            raise ReadError(batch)
+        yield batch
 
 
 class EpochBatches(Sampler[BatchKey]):
@@ -199,6 +244,7 @@ def make_loader(
     num_workers: int,
     prefetch_factor: int,
     collate: Collate | None,
+    rank: int = 0,
 ) -> DataLoader:
     """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses).
 
@@ -206,9 +252,9 @@ def make_loader(
     starting them again would import torch and copy the data set into each one every time.
     """
     return DataLoader(
-        SeededSamples(dataset, seed),
+        SeededSamples(dataset, seed, rank),
         batch_sampler=sampler,
-        collate_fn=collate or default_collate,
+        collate_fn=Collating(collate, rank),
         num_workers=num_workers,
         pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
         persistent_workers=num_workers > 0,
@@ -224,6 +270,12 @@ class LoaderBatches:
     """Batches from a DataLoader whose workers persist across passes (epochs, validations).
 
     `close` shuts the workers down; the trainer calls it on every way out of training.
+
+    A training batch that failed to read stops every process before the optimizer step
+    (`group` batches) that would need it, with `ReadError`. One process stops at once. Several
+    learn of it from a vote that never waits (`distributed.StepVote`, one group late), so each
+    reads one group further ahead than it uses: when a failure is found, every process still
+    has good batches for the group in which the vote tells them all.
     """
 
     ended = False  # map-style data: the trainer counts an epoch's batches by its length
@@ -243,12 +295,17 @@ class LoaderBatches:
         prefetch_factor: int,
         collate: Collate | None,
         train: bool = True,
+        group: int = 1,
     ) -> None:
-        """Build the loader once; its workers start with the first pass."""
+        """Build the loader once; its workers start with the first pass.
+
+        `group`: batches per optimizer step, the unit in which training stops after a failure.
+        """
         self.sampler = EpochBatches(
             size(dataset), batch_size=batch_size, seed=seed, denv=denv, train=train
         )
-        self.device = device
+        self.device, self.denv, self.group = device, denv, group
+        self.vote = distributed.StepVote()
         self.loader: DataLoader | None = make_loader(
             dataset,
             self.sampler,
@@ -257,6 +314,7 @@ class LoaderBatches:
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             collate=collate,
+            rank=denv.rank,
         )
         self.live: Iterator[Batch] | None = None  # the loader's iterator, owner of the workers
 
@@ -273,11 +331,41 @@ class LoaderBatches:
         assert self.loader is not None, "iterate() after close()"
         self.sampler.skip = start
         self.live = iter(self.loader)  # persistent: the same iterator (and workers) each pass
-        for batch in self.live:
+        batches = read_batches(self.live, self.denv.rank)
+        for batch in self._agreed(batches) if self.sampler.train else batches:
             yield to_device(batch, self.device)
+
+    def _agreed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """Whole groups of `batches` while every process can read its own (see the class)."""
+        several = self.denv.distributed
+        reach = self.group * (2 if several else 1)  # batches read ahead of the group in use
+        ahead: deque[Batch] = deque()
+        failure: ReadFailure | None = None
+        self.vote.settle()  # a vote of an abandoned pass
+        first, more = True, True
+        while ahead or more:
+            while more and failure is None and len(ahead) < reach:
+                try:
+                    ahead.append(next(batches))
+                except StopIteration:
+                    more = False
+                except ReadError as failed:
+                    failure = failed.failure
+            short = failure is not None and len(ahead) < self.group  # this group failed
+            stop = short
+            if several:  # the first group is agreed at once; later ones a group late
+                stop = bool(distributed.most(int(short))) if first else False
+                stop = self.vote.poll([failure is not None])[0] or stop
+            if stop:
+                self.vote.settle()
+                raise ReadError(failure)
+            for _ in range(min(self.group, len(ahead))):
+                yield ahead.popleft()
+            first = False
 
     def close(self) -> None:
         """Shut the worker processes down now, also after an error (see `stop_workers`)."""
+        self.vote.settle()
         stop_workers(self.live)
         self.live = self.loader = None
 
@@ -370,11 +458,17 @@ def make_train_batches(
         "collate": collate,
     }
     if is_stream(dataset):
+        if why := inexact_state(dataset):  # refused before training, never at its resume
+            raise DataError(
+                f"{where}: {why}; build it with hf_stream(files, shuffle_buffer=N, seed=...), "
+                "which resumes a shuffled stream exactly by replaying the epoch, or hand it "
+                "over unshuffled (docs/bring-your-own-task.md, 'Streams')"
+            )
         return StreamBatches(dataset, where=f"{where} stream", group=group, **loading)
     if in_memory:
         assert isinstance(dataset, TensorDataset)
         return InMemoryBatches(dataset, batch_size=batch_size, denv=denv, seed=seed, device=device)
-    return LoaderBatches(dataset, **loading)
+    return LoaderBatches(dataset, group=group, **loading)
 
 
 def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = None) -> None:

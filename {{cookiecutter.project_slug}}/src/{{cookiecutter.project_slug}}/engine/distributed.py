@@ -262,13 +262,22 @@ def sum_tensors(
 def all_ranks(flag: bool) -> bool:
     """True where `flag` is true on every rank: a blocking vote on the host's gloo group.
 
-    No GPU sync; a stream's batches use it to end an epoch on the same batch on every rank.
+    No GPU sync; a sharded evaluation of streams uses it to stop on the same batch everywhere.
+    """
+    return not most(int(not flag))
+
+
+def most(value: int) -> int:
+    """The largest of every rank's `value`: a blocking vote on the host's gloo group.
+
+    No GPU sync; a stream's batches use it to end an epoch, or to stop after a failed read,
+    on the same batch on every rank.
     """
     if _vote_group is None:
-        return flag
-    tensor = torch.tensor([int(flag)])
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=_vote_group)
-    return bool(tensor.item())
+        return value
+    tensor = torch.tensor([value])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_vote_group)
+    return int(tensor.item())
 
 
 def gather_objects(obj: Any, io: bool = False) -> list[Any]:

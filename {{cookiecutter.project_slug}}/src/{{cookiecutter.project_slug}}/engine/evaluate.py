@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config
+from ..data.failures import ReadError
 from ..errors import CheckpointError, DataError
 from ..settings import Settings
 from ..task import (
@@ -92,6 +93,8 @@ def split_sums(
     a process with fewer batches runs its last one again, unscored, until each has run as
     many forwards as rank 0, which has the most; otherwise rank 0 would wait forever.
     `feed`: the batches of `dataset`, kept by the caller so that its workers serve every pass.
+    A batch that fails to read (`ReadError`) ends this process's pass; the processes then
+    agree, and every one raises `ReadError` (the failure itself where it happened).
     """
     cfg = task.cfg
     set_mode(task, model, training=False)
@@ -109,6 +112,7 @@ def split_sums(
     )
     forwards, kept = 0, KeptOutputs(task)
     stream = is_stream(dataset)
+    failed: ReadError | None = None
     try:
         for raw, scored in in_lockstep(feed) if lockstep and stream else ((b, True) for b in feed):
             batch = to_device(raw, device, cfg.model.channels_last)
@@ -121,6 +125,8 @@ def split_sums(
             kept.add(task.take_kept())
             for key, value in part.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach().clone()
+    except ReadError as err:  # told to the other processes below, after their passes
+        failed = err
     finally:  # the trainer's own feed is closed by the trainer, on every way out
         if own:
             feed.close()
@@ -131,6 +137,11 @@ def split_sums(
             task.evaluate(model, batch)
         task.take_kept()  # unscored
     set_mode(task, model, training=True)
+    anywhere = failed is not None
+    if denv.distributed:  # every process learns whether one failed: all raise, or none
+        anywhere = bool(distributed.most(int(anywhere)))
+    if anywhere:
+        raise failed or ReadError(None)
     return {**distributed.sum_tensors(sums, denv, device), **kept.gathered(denv)}
 
 
@@ -140,10 +151,15 @@ def in_lockstep(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
     For a sharded model and a stream: every forward gathers parameters from all processes,
     and nobody knows in advance how many batches each stream holds, so they vote each batch.
     """
-    last, source = None, iter(batches)
+    last, source, failed = None, iter(batches), None
     while True:
-        raw = next(source, None)
+        try:
+            raw = next(source, None) if failed is None else None
+        except ReadError as err:  # this process has run out: the others learn it at the end
+            raw, failed = None, err
         if distributed.all_ranks(raw is None):
+            if failed is not None:
+                raise failed
             return
         if raw is None and last is None:
             raise DataError(

@@ -9,7 +9,10 @@ kept: `state()` is this process's position for a checkpoint,
 processes vote before each optimizer step's group of batches (one small all-reduce on the
 host) and all stop on the same group when any one has no full group left, so no process
 waits in a collective the others never join. What is left in the longer streams of that
-epoch is skipped, as `drop_last` does for map-style data.
+epoch is skipped, as `drop_last` does for map-style data. The same vote stops every process
+when reading failed on one (a damaged file: a `ReadFailure` from the worker, see
+`data.failures`): the group before the failure is still used, then `ReadError` is raised on
+every process, so the trainer checkpoints the last good step with every process's position.
 
 A pass's workers are forked by a fork server (`multiprocessing`'s "forkserver"), not by the
 training process: CPython up to 3.11.9 (gh-112275, fixed in 3.11.10 and 3.12) can hang a
@@ -32,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from ..data import failures
+from ..data.failures import ReadError
 from ..data.streams import StreamFeed, StreamPart, Tag, check_state
 from ..errors import DataError, first_line
 from ..task import Batch
@@ -39,6 +44,9 @@ from . import distributed
 from .distributed import DistEnv
 from .preemption import start_worker
 from .transfer import Collate, stop_workers, to_device
+
+# A process's verdict on its next group of batches; the processes go by the largest.
+FULL, SHORT, FAILED = 0, 1, 2  # full; short (its stream ran out: the epoch ends); reading failed
 
 
 def is_stream(dataset: object) -> bool:
@@ -56,7 +64,8 @@ def in_turns(
 ) -> Iterator[tuple[Batch, Tag]]:
     """The workers' batches one each in turn, from worker `first` on, until every one is done.
 
-    Batches that arrive before their worker's turn wait (at most one round of them).
+    Batches that arrive before their worker's turn wait (at most one round of them). A worker
+    whose reading failed raises `ReadError` in its turn: the batches before it are good.
     """
     waiting: dict[int, deque[tuple[Batch | None, Tag]]] = {w: deque() for w in range(workers)}
     active, turn = list(range(workers)), first
@@ -65,6 +74,8 @@ def in_turns(
             batch, tag = next(pairs)
             waiting[tag.worker].append((batch, tag))
         batch, tag = waiting[turn].popleft()
+        if tag.failure is not None:
+            raise ReadError(tag.failure)
         index = active.index(turn)
         if tag.done:
             active.remove(turn)
@@ -128,6 +139,7 @@ class StreamBatches:
         self.device, self.workers, self.prefetch = device, num_workers, prefetch_factor
         self.collate, self.where, self.group = collate, where, group
         self.epoch, self.ended = 0, False
+        self.failure: failures.ReadFailure | None = None  # this process's, in the last pass
         self.tags: dict[int, Tag] = {}  # per worker: the tag of its last batch used
         self.next_worker = 0  # whose batch comes next
         self.resume: dict[int, Mapping[str, Any]] = {}  # the saved tags, for the next pass
@@ -160,17 +172,19 @@ class StreamBatches:
         """Take this process's position from the checkpoint's per-process list `saved`.
 
         The position belongs to one split of the stream: another process count, worker count
-        or batch size would read other samples, so the resume is refused in one line.
+        or batch size would read other samples, so the resume is refused in one line, the
+        same on every process (checked before this process looks for its own position).
         """
-        mine = saved[self.denv.rank] if self.denv.rank < len(saved) else None
-        if not isinstance(mine, Mapping):
+        positions = [position for position in saved if isinstance(position, Mapping)]
+        if not positions:
             raise DataError(
                 f"{self.where}: run {run}'s checkpoint holds no stream position (it was "
                 "trained on other data): start a new run.name"
             )
         now = (max(1, self.workers), self.denv.world_size, self.batch_size)
-        then = (mine["workers"], len(saved), mine["batch_size"])
-        if now != then:
+        then = (positions[0]["workers"], len(saved), positions[0]["batch_size"])
+        mine = saved[self.denv.rank] if self.denv.rank < len(saved) else None
+        if now != then or not isinstance(mine, Mapping):
             raise DataError(
                 f"{self.where}: run {run} stopped at a stream position of {then[0]} worker(s) x "
                 f"{then[1]} process(es), batch {then[2]}; now {now[0]} x {now[1]}, batch "
@@ -216,15 +230,29 @@ class StreamBatches:
         stop_workers(self.live)
         self.live = iter(self._loader(feed))
         firsts: dict[str, int] = {}
-        for batch, tag in in_turns(self.live, workers, self.next_worker if train else 0):
-            other = firsts.setdefault(tag.first, tag.worker) if tag.first else tag.worker
-            if other != tag.worker and workers > 1:
-                raise DataError(
-                    f"{self.where}: workers {other} and {tag.worker} yielded the same first "
-                    "batch: split the stream across workers with get_worker_info() or "
-                    "stream_part() (docs/bring-your-own-task.md, 'Streams')"
-                )
-            yield batch, tag
+        try:
+            for batch, tag in in_turns(self.live, workers, self.next_worker if train else 0):
+                other = firsts.setdefault(tag.first, tag.worker) if tag.first else tag.worker
+                if other != tag.worker and workers > 1:
+                    raise DataError(
+                        f"{self.where}: workers {other} and {tag.worker} yielded the same first "
+                        "batch: split the stream across workers with get_worker_info() or "
+                        "stream_part() (docs/bring-your-own-task.md, 'Streams')"
+                    )
+                yield batch, tag
+        except DataError:  # a ReadError from a worker's tag, or the check above
+            raise
+        except Exception as err:  # the loader's own: a worker killed, a batch it cannot send
+            raise ReadError(failures.from_loader(err, self.denv.rank)) from err
+
+    def _pull(self, source: Iterator[tuple[Batch, Tag]]) -> tuple[list[tuple[Batch, Tag]], int]:
+        """The next group of batches and this process's verdict on it (FULL, SHORT, FAILED)."""
+        try:
+            group = list(islice(source, self.group))
+        except ReadError as failed:
+            self.failure = failed.failure
+            return [], FAILED
+        return group, FULL if len(group) == self.group else SHORT
 
     def iterate(self, start: int = 0) -> Iterator[Batch]:
         """The epoch's batches from where `restore` (or the last pass) left off.
@@ -234,26 +262,28 @@ class StreamBatches:
         """
         if start and not self.resume:
             raise DataError(f"{self.where}: asked to start at batch {start} without a position")
-        self.ended = False
+        self.ended, self.failure = False, None
         source = self._tagged(train=True, epoch=self.epoch)
-        group = list(islice(source, self.group))
-        full = distributed.all_ranks(len(group) == self.group)
-        if not full and self.epoch == 0 and not self.resume:
+        group, mine = self._pull(source)
+        verdict = distributed.most(mine)
+        if verdict == SHORT and self.epoch == 0 and not self.resume:
             raise DataError(
                 f"{self.where}: fewer than train.batch_size x train.grad_accum_steps = "
                 f"{self.batch_size * self.group} samples in the first epoch of "
                 f"process {self.denv.rank} (or another): lower them, or check the stream"
             )
         self.resume = {}
-        while full:
-            following = list(islice(source, self.group))
-            full = distributed.all_ranks(len(following) == self.group)
+        while verdict == FULL:
+            following, mine = self._pull(source)
+            verdict = distributed.most(mine)
             for i, (batch, tag) in enumerate(group):
                 self.tags[tag.worker] = tag
                 self.next_worker = (tag.worker + 1) % max(1, self.workers)
-                self.ended = not full and i == len(group) - 1
+                self.ended = verdict == SHORT and i == len(group) - 1
                 yield to_device(batch, self.device)
             group = following
+        if verdict == FAILED:  # on every process, after the last good group
+            raise ReadError(self.failure)
 
     def passes(self) -> Iterator[Batch]:
         """One evaluation pass: every sample of this process's part once, the last batch short."""

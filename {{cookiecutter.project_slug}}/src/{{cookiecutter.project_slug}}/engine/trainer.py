@@ -23,14 +23,16 @@ from typing import Any
 import torch
 
 from ..config import Config, to_dict, to_toml
+from ..data.failures import ReadError, ReadFailure
 from ..data.processed import check_same_data, data_files, processed_digest, stage
+from ..data.sources import RECORD_PATH
 from ..errors import CheckpointError, ConfigError, DataError
 from ..observe import provenance
 from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
 from ..observe.plots import plot_curves
 from ..settings import Settings, get_settings
 from ..task import Datasets, Task, Where, load_task, model_figures_seeded, own_collate
-from . import checkpoint, checkpoint_io, distributed, hooks, names, strategy
+from . import checkpoint, checkpoint_io, distributed, hooks, names, read_stop, strategy
 from .averaging import swapped_in
 from .batches import EvalBatches, make_train_batches
 from .evaluate import split_sums
@@ -289,11 +291,19 @@ class Trainer:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         self.window = TrainScalars(self.device, self.update.scalars)
         sources: list[Path] = getattr(self.datasets.train, "source_files", list)()  # a stream's
-        data_dir = self.settings.data_dir
-        found = (
-            data_files(self.task.processed_dir, sources, data_dir) if self.denv.is_main else None
-        )
-        self.data_files = distributed.broadcast_object(found)
+        found, problem = None, None
+        if self.denv.is_main:
+            record = self.settings.project_root / RECORD_PATH
+            try:
+                found = data_files(
+                    self.task.processed_dir, sources, self.settings.data_dir, record, self.say
+                )
+            except DataError as err:  # a file that differs from its record: raised on every rank
+                problem = str(err)
+        found, problem = distributed.broadcast_object((found, problem))
+        if problem:
+            raise DataError(problem)
+        self.data_files = found
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
@@ -541,12 +551,18 @@ class Trainer:
             self.cfg.run.log_every_steps,
             self.denv.is_main,
         )
-        self.timers, first_samples = Timers(), self.pos.samples
-        outcome, segment_steps = self._loop(progress, stop)
+        self.timers, first_samples, first_step = Timers(), self.pos.samples, self.pos.step
+        failure: ReadFailure | None = None
+        try:
+            outcome, segment_steps = self._loop(progress, stop)
+        except ReadError as failed:  # on every process, after the same (last good) step
+            outcome, segment_steps, failure = "data", self.pos.step - first_step, failed.failure
         self.vote.settle()
         progress.close()
-        if outcome != "diverged" and not self.save_checkpoint():  # no-op when saved already
+        saves = outcome != "diverged" and (outcome != "data" or segment_steps > 0)
+        if saves and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
+        found = distributed.gather_objects(failure) if outcome == "data" else []
         self.checkpoints.barrier()  # a background save is complete before the run reports
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
@@ -557,6 +573,9 @@ class Trainer:
                 f"stopped with exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
                 "(lower train.lr, or raise train.nonfinite_patience)"
             )
+        elif outcome == "data" and self.denv.is_main:  # the tracebacks go to errors.log
+            say = read_stop.report(found, self.run_dir, self.name, self.saved_step, segment_steps)
+            self.say(say)
         elif outcome == "stop":
             self.say(stop_message(stop.signal_name, self.pos.step, self.name))
         elif outcome == "segment":
@@ -565,9 +584,9 @@ class Trainer:
             self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
         elif resumed and segment_steps == 0:
             self.say(f"run {self.name}: already finished at step {self.pos.step}")
-        status = {"stop": "stopped", "segment": "segment", "diverged": "diverged"}.get(
+        status = {"stop": "stopped", "segment": "segment", "data": "data-failed"}.get(
             outcome, outcome or "finished"
-        )  # and "pruned" (a sweep's pruner) stays "pruned"
+        )  # and "diverged" and "pruned" (a sweep's pruner) stay as they are
         summary = {
             "run": self.name,
             "status": status,
@@ -583,7 +602,8 @@ class Trainer:
         }
         if self.denv.is_main:
             self.report(summary)
-        code = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED}.get(outcome, 0)
+        codes = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED, "data": read_stop.EXIT_DATA}
+        code = codes.get(outcome, 0)
         return Result(code, self.run_dir, summary)
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:

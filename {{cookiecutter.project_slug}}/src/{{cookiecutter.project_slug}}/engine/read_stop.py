@@ -1,0 +1,45 @@
+"""After the training data failed to read: the run's one line, and the tracebacks in its log.
+
+Every process has stopped at the same step (`stream_batches`, `batches`); the trainer has
+written the checkpoint of that step, the last good one, unless no step was done. Here rank 0
+writes each failed process's traceback to `runs/<name>/errors.log` and says the first
+failure in one line: the cause, the file, the worker and process, the checkpoint, the exit
+code and what to do. The other processes say nothing: there is one cause, not one per rank.
+"""
+
+import datetime
+from pathlib import Path
+
+from ..data.failures import ReadFailure
+
+EXIT_DATA = 6
+"""Exit code of `train` meaning: the training data failed to read; the last good step is kept."""
+
+LOG = "errors.log"
+
+
+def report(
+    failures: list[ReadFailure | None], run_dir: Path, run: str, saved: int, steps: int
+) -> str:
+    """Log every failure's traceback in the run's errors.log; the line that says the first.
+
+    `failures`: one entry per process (None where its reading went well); `saved`: the step of
+    the run's newest checkpoint (-1: none); `steps`: steps done in this segment (0: none, so
+    nothing was written now).
+    """
+    kept = f"checkpoint at step {saved} written" if steps else "no step done in this segment"
+    if not steps:
+        kept += f", the last checkpoint is step {saved}" if saved >= 0 else ", nothing saved"
+    found = [failure for failure in failures if failure is not None]
+    log = run_dir / LOG
+    now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    with log.open("a", encoding="utf-8") as out:
+        for failure in found:
+            out.write(f"--- {now} run {run}: {failure.line()}\n{failure.traceback}\n")
+    more = f" (and {len(found) - 1} more process(es))" if len(found) > 1 else ""
+    first = found[0].line() if found else "a process's data failed"
+    return (
+        f"error: reading the training data failed: {first}{more}; {kept}, exit {EXIT_DATA} "
+        f"(traceback in {log}): repair or replace the file, then start run.name={run} "
+        "again to continue from there"
+    )
