@@ -1,8 +1,10 @@
-"""Streams, property by property: any stop, any buffer, any tar layout (Hypothesis)."""
+"""Streams, property by property: any stop, any buffer, any tar layout and cut (Hypothesis)."""
 
 import io
+import os
 import tarfile
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,6 +110,19 @@ fields = st.dictionaries(
 )
 
 
+def write_tar(path: Path, samples: list, form: int) -> None:
+    """`samples` as members `d/<key>.<field>` after a folder, in tar format `form`."""
+    with tarfile.open(path, "w", format=form) as tar:
+        folder = tarfile.TarInfo("folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)  # not a file: skipped
+        for key, parts in samples:
+            for field, data in parts.items():
+                info = tarfile.TarInfo(f"d/{key}.{field}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     samples=st.lists(st.tuples(names, fields), max_size=6, unique_by=lambda sample: sample[0]),
@@ -120,14 +135,53 @@ def test_the_tar_reader_reads_what_tarfile_writes(
     path = tmp_path_factory.mktemp("tar") / "shard.tar"
     if form == tarfile.USTAR_FORMAT:  # ustar: names of up to 100 bytes
         samples = list({key[:90]: (key[:90], fields) for key, fields in samples}.values())
-    with tarfile.open(path, "w", format=form) as tar:
-        folder = tarfile.TarInfo("folder")
-        folder.type = tarfile.DIRTYPE
-        tar.addfile(folder)  # not a file: skipped
-        for key, parts in samples:
-            for field, data in parts.items():
-                info = tarfile.TarInfo(f"d/{key}.{field}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    write_tar(path, samples, form)
     read = list(pkg("data.tars").read_tar(path))
     assert read == [{"__key__": f"d/{key}", **parts} for key, parts in samples]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
+    ids=["ustar", "gnu", "pax"],
+)
+@settings(max_examples=3, deadline=None)  # each example reads its shard cut at every byte
+@given(
+    samples=st.lists(
+        st.tuples(
+            names,
+            st.dictionaries(st.sampled_from(["x", "cls"]), st.binary(max_size=300), min_size=1),
+        ),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda sample: sample[0][:90],
+    )
+)
+def test_a_tar_cut_at_any_byte_is_refused_or_read_whole(
+    form: int, samples: list, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Never in part: a cut before the end of the first zero block after the last member (the
+    end-of-archive marker's first block) is refused in one line; a cut after it reads whole.
+
+    Header boundaries, the marker's second block and the padding to a whole record included.
+    A long path of folders goes into the ustar prefix, a GNU long name or a pax header.
+    """
+    tars, error = pkg("data.tars"), pkg("errors").DataError
+    samples = [(key[:90], parts) for key, parts in samples] + [("long/" * 25 + "k", {"x": b"1"})]
+    path = tmp_path_factory.mktemp("tar") / "shard.tar"
+    write_tar(path, samples, form)
+    whole = list(tars.read_tar(path))
+    assert [sample["__key__"] for sample in whole] == [f"d/{key}" for key, _ in samples]
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    marker = last.offset_data + -(-last.size // 512) * 512  # the first zero block
+    for cut in range(path.stat().st_size, -1, -1):  # a plain loop: every byte, from the end
+        os.truncate(path, cut)
+        try:
+            read = list(tars.read_tar(path))
+        except error as refused:
+            assert cut < marker + 512, f"cut at {cut} refused: {refused}"
+            assert str(refused).startswith(f"{path}: ") and "\n" not in str(refused)
+        else:
+            assert read == whole, f"cut at {cut}: read as {len(read)} of {len(whole)} samples"
+            assert cut >= marker + 512, f"cut at {cut}, before the first zero block ends: read"

@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import io
 import pickle
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -165,14 +166,19 @@ def test_workers_that_yield_the_same_samples_are_refused(project: Path) -> None:
         train("run.name=dup", "task.kind=unsplit")
 
 
-def test_a_stream_that_raises_ends_the_run_with_its_traceback(project: Path) -> None:
+def test_a_stream_that_raises_ends_the_run_in_one_line_and_keeps_its_steps(
+    project: Path,
+) -> None:
+    """The task's own error in a worker: one line, its traceback in the run's errors.log."""
     out = run_cli("train", *COMMON, "run.name=bad", "task.kind=raise", project=project)
-    assert out.returncode == 1
-    assert "sensor 50 is unreadable" in out.stdout + out.stderr
-    assert "toy_tasks/streams.py" in out.stdout + out.stderr  # where the task raised
-    assert not (project / "runs" / "bad" / "checkpoints").exists() or not any(
-        (project / "runs" / "bad" / "checkpoints").iterdir()
-    )
+    assert out.returncode == pkg("engine.read_stop").EXIT_DATA == 6
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("error:")]
+    assert "RuntimeError: sensor 50 is unreadable, in DataLoader worker 0 of process 0" in line
+    assert "checkpoint at step 2 written, exit 6" in line  # worker 0 failed in its 2nd batch
+    assert "Traceback" not in out.stdout + out.stderr
+    log = (project / "runs" / "bad" / "errors.log").read_text(encoding="utf-8")
+    assert "Traceback" in log and "toy_tasks/streams.py" in log  # where the task raised
+    assert final_weights(project / "runs" / "bad")  # the two good steps are kept
 
 
 def test_cosine_without_an_end_is_refused(project: Path) -> None:
@@ -184,7 +190,8 @@ def test_cosine_without_an_end_is_refused(project: Path) -> None:
 
 
 def test_a_changed_source_file_is_named_on_resume(project: Path) -> None:
-    """Files a stream reads from outside data/processed are in the checkpoint's digest."""
+    """Files a stream reads from outside data/processed are in the source record (checked
+    first, tests/test_source_record.py) and in the checkpoint's digest."""
     if not HAS_DATASETS:
         pytest.skip("the datasets extra is not installed")
     task = load("task.kind=hf")
@@ -194,7 +201,15 @@ def test_a_changed_source_file_is_named_on_resume(project: Path) -> None:
     options = ["task.kind=hf", "task.shuffle=false", "task.external=true"]
     train("run.name=src", "run.max_steps_this_segment=3", *options)
     shard = external / "train-2.parquet"
-    shard.write_bytes(shard.read_bytes() + b"\0")  # changed behind the run's back
+    shutil.copyfile(external / "train-3.parquet", shard)  # swapped behind the run's back
+    with pytest.raises(pkg("errors").DataError) as refused:
+        train("run.name=src", *options)
+    message = str(refused.value)
+    assert "\n" not in message and "data record --update" in message
+    assert re.search(r"source file \S*external/streams/train-2.parquet \(", message)
+    # Recorded on purpose: the run's checkpoint still names the file it was trained on.
+    record = project / pkg("data.sources").RECORD_PATH
+    pkg("data.sources").record_files([shard], project / "data", record, update=True)
     with pytest.raises(pkg("errors").DataError, match=r"external/streams/train-2.parquet changed"):
         train("run.name=src", *options)
 

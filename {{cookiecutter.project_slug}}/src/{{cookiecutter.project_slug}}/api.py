@@ -16,7 +16,8 @@ edit to your research code. What each name is:
 - streams (a train split without length or random access): `stream_part` (which share of
   the processes and workers this copy reads), `ShuffleBuffer` (a seeded shuffle whose
   contents resume exactly), `TarShards` (WebDataset-style tar files), `hf_stream` (a Hugging
-  Face `datasets` stream over local files: the `datasets` extra);
+  Face `datasets` stream over local files: the `datasets` extra) and `write_parquet` (parquet
+  files whose pages carry checksums, which `hf_stream` verifies as it reads);
 - models: `build_model` (`models.py`, yours), `CausalLM` and `LoRA` (`blocks/transformer.py`);
 - processes that talk: `gather_with_grad` (every process's rows of a tensor, with gradients:
   in-batch negatives over the global batch);
@@ -29,7 +30,7 @@ edit to your research code. What each name is:
 
 from .blocks.transformer import CausalLM, LoRA
 from .config import Config
-from .data.hf_streams import hf_stream
+from .data.hf_streams import hf_stream, write_parquet
 from .data.made_with import check_made_with, files_digest, write_made_with
 from .data.pretrained import INDEX, read_weights
 from .data.shards import ShardReader, write_shards
@@ -87,6 +88,7 @@ __all__ = [
     "split_indices",
     "stream_part",
     "write_made_with",
+    "write_parquet",
     "write_shards",
     "write_tar_shards",
 ]

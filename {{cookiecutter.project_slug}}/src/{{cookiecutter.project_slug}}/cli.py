@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import Config, field_types
-from .data import rawdata
+from .data import rawdata, sources
 from .data.manifest import RawDataError
 from .engine.names import check_given, check_run_name
 from .errors import ConfigError, DataError, ProjectError, crash_line, first_line
@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--no-figure", action="store_true", help="skip the figure")
     compare.set_defaults(func=cmd_compare)
 
-    rawdata.add_data_command(sub)
+    sources.add_source_commands(rawdata.add_data_command(sub))
     return parser
 
 

@@ -8,7 +8,8 @@
 - "buffered": "stateful" through a `ShuffleBuffer`;
 - "tar": WebDataset-style tar shards (`TarShards`), a row per sample;
 - "hf" / "hf-own": parquet files through `hf_stream`, shuffled (replayed on resume) or not
-  (its own state).
+  (its own state);
+- "map": not a stream: a map-style data set that reads each row from its file on demand.
 `damage` hurts one file of a kind the way a broken copy does: cut short (mid-row, or at a
 tar member's boundary, which a reader must not take for the end) or, for parquet files that
 carry page checksums, a flipped bit in their last data page.
@@ -30,7 +31,7 @@ from under_test import pkg
 api = pkg("api")
 ROW = struct.Struct("<9f")  # 8 inputs and the label, as float32
 FILES, ROWS = 4, 96  # per kind; the rows of file i are i, i + FILES, ...
-KINDS = ("plain", "stateful", "buffered", "tar", "hf", "hf-own")
+KINDS = ("plain", "stateful", "buffered", "tar", "hf", "hf-own", "map")
 
 
 def reading(i: int) -> tuple[torch.Tensor, int]:
@@ -149,6 +150,21 @@ class Stateful(IterableDataset):
             self.at = (i + 1, 0)
 
 
+class Rows(torch.utils.data.Dataset):
+    """Row i of the data set is row i // FILES of file i % FILES, read when asked for."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return FILES * ROWS
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        with self.files[i % FILES].open("rb") as f:
+            f.seek(i // FILES * ROW.size)
+            return decode_row({"row": f.read(ROW.size)})  # past a cut: struct.error
+
+
 class Validation(IterableDataset):
     """Generated rows, read whole by every process."""
 
@@ -178,6 +194,8 @@ class Faults(api.Classification):
             train = api.hf_stream(files, shuffle_buffer=buffer, seed=seed, transform=from_row)
         elif kind == "plain":
             train = Plain(files)
+        elif kind == "map":
+            train = Rows(files)
         else:
             train = Stateful(files)
             train = api.ShuffleBuffer(train, 16, seed=seed) if kind == "buffered" else train

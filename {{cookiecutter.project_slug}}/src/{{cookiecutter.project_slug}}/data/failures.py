@@ -6,8 +6,9 @@ Original Traceback"), and what it says often names no file: pyarrow says `'<Buff
 and PIL name nothing. So the code that reads a batch (a stream's feed, a map-style data set's
 batch) catches the exception where it happens and sends a `ReadFailure` in place of the batch:
 the cause in one line, the file the reader opened last (where the cause names none), the
-worker and the process, and the traceback as text for the run's log. The training process then stops where every process
-agrees (`engine.stream_batches`, `engine.batches`), with a checkpoint of the last good step.
+worker and the process, and the traceback as text for the run's log. The training process
+then stops where every process agrees (`engine.stream_batches`, `engine.batches`), with a
+checkpoint of the last good step.
 
 The files opened are seen by a Python audit hook on the `open` event (PEP 578), active only
 while a batch is being read: it sees what plain `open`, `pathlib`, numpy, PIL and `datasets`

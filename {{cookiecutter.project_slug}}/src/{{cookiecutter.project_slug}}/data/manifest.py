@@ -1,8 +1,13 @@
-"""The raw-data manifest file: one tab-separated line per raw file.
+"""The committed manifest files: one tab-separated line per file, sorted by path.
 
-The manifest is committed to git, so it is plain text that diffs well: a header row, then
-``path  size  mode  sha256`` per file, sorted by path. Paths are POSIX paths relative to the
-raw-data folder; ``mode`` is the octal permission set that ``data freeze`` left on the file.
+Both are plain text that diffs well: a header row, then one line per file.
+
+- The raw-data manifest (``data freeze``): ``path  size  mode  sha256``. Paths are POSIX paths
+  relative to the raw-data folder; ``mode`` is the octal permission set that ``data freeze``
+  left on the file.
+- The source record (``data record``, ``sources.py``): ``path  size  sha256`` of the files
+  streams read from outside ``data/processed``. A path is relative to ``DATA_DIR`` where the
+  file lies below it, else absolute.
 """
 
 from __future__ import annotations
@@ -12,16 +17,20 @@ import posixpath
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+
+T = TypeVar("T")
 
 # The command users type: the package, whatever wing this module sits in.
 PROGRAM = (__package__ or "").partition(".")[0]
 HEADER = ("path", "size", "mode", "sha256")
+SOURCES_HEADER = ("path", "size", "sha256")
 # One regular expression per line keeps reading 100,000 entries well under a second.
 _LINE = re.compile(r"([^\t]+)\t([0-9]+)\t(0[0-7]{3,4})\t([0-9a-f]{64})")
+_SOURCES_LINE = re.compile(r"([^\t]+)\t([0-9]+)\t([0-9a-f]{64})")
 
 
 class RawDataError(Exception):
@@ -36,54 +45,115 @@ class Entry(NamedTuple):
     sha256: str
 
 
-def check_path(rel: str) -> None:
-    """Reject a relative path that one manifest line cannot hold unambiguously."""
+class Source(NamedTuple):
+    """What the source record holds about one file a stream reads from outside data/processed."""
+
+    size: int
+    sha256: str
+
+
+def check_path(rel: str, kind: str = "raw file") -> None:
+    """Reject a path that one manifest line cannot hold unambiguously."""
     if any(char in rel for char in "\t\n\r"):
-        raise RawDataError(f"raw file name {rel!r} contains a tab or newline; rename it")
+        raise RawDataError(f"{kind} name {rel!r} contains a tab or newline; rename it")
 
 
-def format_manifest(entries: Mapping[str, Entry]) -> str:
-    """Render entries as manifest text, sorted by path so that diffs stay small."""
-    lines = ["\t".join(HEADER)]
-    for rel in sorted(entries):
-        check_path(rel)
-        entry = entries[rel]
-        lines.append(f"{rel}\t{entry.size}\t{entry.mode:04o}\t{entry.sha256}")
+def _format(header: tuple[str, ...], rows: Mapping[str, str], kind: str) -> str:
+    """Manifest text: the header, then ``path<TAB>row`` sorted by path so that diffs stay small."""
+    lines = ["\t".join(header)]
+    for rel in sorted(rows):
+        check_path(rel, kind)
+        lines.append(f"{rel}\t{rows[rel]}")
     return "\n".join(lines) + "\n"
 
 
-def parse_manifest(text: str, source: str) -> dict[str, Entry]:
-    """Parse manifest text; ``source`` names the file in error messages."""
+def _parse(
+    text: str,
+    source: str,
+    header: tuple[str, ...],
+    line: re.Pattern[str],
+    entry: Callable[[re.Match[str]], T],
+    *,
+    absolute: bool,
+) -> dict[str, T]:
+    """``{path: entry(match of its line)}``; ``absolute``: whether a path may be absolute."""
     lines = text.splitlines()
-    if not lines or tuple(lines[0].split("\t")) != HEADER:
-        raise RawDataError(f"{source}:1: header must be {' '.join(HEADER)!r} (tab-separated)")
-    entries: dict[str, Entry] = {}
-    for number, line in enumerate(lines[1:], start=2):
-        match = _LINE.fullmatch(line)
+    if not lines or tuple(lines[0].split("\t")) != header:
+        raise RawDataError(f"{source}:1: header must be {' '.join(header)!r} (tab-separated)")
+    entries: dict[str, T] = {}
+    for number, row in enumerate(lines[1:], start=2):
+        match = line.fullmatch(row)
         if match is None:
-            raise RawDataError(
-                f"{source}:{number}: expected path, size, octal mode and sha256, tab-separated"
-            )
-        written, size, mode, sha256 = match.groups()
-        rel = posixpath.normpath(written)  # a hand-edited ./a.csv or a//b.csv names a file too
-        if rel.startswith("/") or rel == "." or ".." in rel.split("/") or rel in entries:
-            raise RawDataError(f"{source}:{number}: path {rel!r} is absolute, escapes or repeats")
-        entries[rel] = Entry(int(size), int(mode, 8), sha256)
+            fields = ", ".join(header[:-1]) + " and " + header[-1]
+            raise RawDataError(f"{source}:{number}: expected {fields}, tab-separated")
+        rel = posixpath.normpath(match[1])  # a hand-edited ./a.csv or a//b.csv names a file too
+        outside = rel.startswith("/") and not absolute
+        if outside or rel == "." or ".." in rel.split("/") or rel in entries:
+            what = "escapes or repeats" if absolute else "is absolute, escapes or repeats"
+            raise RawDataError(f"{source}:{number}: path {rel!r} {what}")
+        entries[rel] = entry(match)
     return entries
+
+
+def format_manifest(entries: Mapping[str, Entry]) -> str:
+    """Render entries as raw-data manifest text."""
+    rows = {rel: f"{e.size}\t{e.mode:04o}\t{e.sha256}" for rel, e in entries.items()}
+    return _format(HEADER, rows, "raw file")
+
+
+def parse_manifest(text: str, source: str) -> dict[str, Entry]:
+    """Parse raw-data manifest text; ``source`` names the file in error messages."""
+    return _parse(text, source, HEADER, _LINE, _raw_entry, absolute=False)
+
+
+def _raw_entry(match: re.Match[str]) -> Entry:
+    return Entry(int(match[2]), int(match[3], 8), match[4])
+
+
+def format_sources(entries: Mapping[str, Source]) -> str:
+    """Render entries as source-record text."""
+    rows = {name: f"{e.size}\t{e.sha256}" for name, e in entries.items()}
+    return _format(SOURCES_HEADER, rows, "source file")
+
+
+def parse_sources(text: str, source: str) -> dict[str, Source]:
+    """Parse source-record text; ``source`` names the file in error messages."""
+    return _parse(text, source, SOURCES_HEADER, _SOURCES_LINE, _source, absolute=True)
+
+
+def _source(match: re.Match[str]) -> Source:
+    return Source(int(match[2]), match[3])
+
+
+def _read_text(path: Path) -> str:
+    """The text of a manifest file; FileNotFoundError is left to the caller."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise RawDataError(f"manifest {path}: not UTF-8 text") from None
+    except OSError as err:  # a folder in its place, no read permission
+        raise RawDataError(f"manifest {path}: cannot be read: {err.strerror}") from None
 
 
 def read_manifest(path: Path) -> dict[str, Entry]:
     """Read the manifest at ``path``; a missing file is an error that says what to run."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         hint = f"`{PROGRAM} data freeze` records the raw data"
         raise RawDataError(f"no manifest at {path}; {hint}") from None
-    except UnicodeDecodeError:
-        raise RawDataError(f"manifest {path}: not UTF-8 text") from None
-    except OSError as err:  # a folder in its place, no read permission
-        raise RawDataError(f"manifest {path}: cannot be read: {err.strerror}") from None
     return parse_manifest(text, str(path))
+
+
+def read_sources(path: Path) -> dict[str, Source]:
+    """Read the source record at ``path``; none yet is an empty record."""
+    try:
+        text = _read_text(path)
+    except FileNotFoundError:
+        return {}
+    return parse_sources(text, str(path))
 
 
 def stage_manifest(path: Path) -> Path:
@@ -98,7 +168,15 @@ def stage_manifest(path: Path) -> Path:
 
 def write_manifest(path: Path, entries: Mapping[str, Entry], staged: Path | None = None) -> None:
     """Write the manifest atomically (into ``staged`` if given), so a crash leaves no half file."""
-    text = format_manifest(entries)
+    _write(path, format_manifest(entries), staged)
+
+
+def write_sources(path: Path, entries: Mapping[str, Source]) -> None:
+    """Write the source record atomically."""
+    _write(path, format_sources(entries), None)
+
+
+def _write(path: Path, text: str, staged: Path | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = staged or stage_manifest(path)
     try:

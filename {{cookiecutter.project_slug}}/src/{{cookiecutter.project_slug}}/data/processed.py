@@ -17,7 +17,6 @@ A run records `processed_digest`, the SHA-256 of `SHA256SUMS`, in its checkpoint
 on processed data that `prepare` has changed since (another split, other files) is refused.
 """
 
-import contextlib
 import errno
 import glob
 import hashlib
@@ -27,7 +26,7 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +35,7 @@ from ..config import Config
 from ..errors import DataError
 from ..task import Task
 from .hashcache import HashCache, file_digest
+from .sources import fingerprint, record_or_check
 
 DIGESTS = "SHA256SUMS"
 VERIFIED = ".verified"  # in a staged copy: the job and file stats of its last verification
@@ -72,30 +72,31 @@ def processed_digest(folder: Path) -> str | None:
         return None
 
 
-def data_files(folder: Path, sources: list[Path], data_dir: Path) -> dict[str, str]:
+def data_files(
+    folder: Path,
+    sources: list[Path],
+    data_dir: Path,
+    record: Path,
+    say: Callable[[str], None] = print,
+) -> dict[str, str]:
     """{file: sha256} of the processed files and of the files a stream reads from elsewhere.
 
     A stream's own files (a `source_files()` list, e.g. parquet files in data/external) are
-    hashed once and then cached by file metadata, as the raw data's are, so a later start
-    reads none of their bytes to check them. Names are relative to DATA_DIR where they can be.
-    Processed files (in place, or a staged copy on node-local disk, wherever it lies) are
-    named by their `SHA256SUMS` entries already.
+    checked against the committed source `record` (`sources.py`), which takes a file at its
+    first use; their sums are cached by file metadata, as the raw data's are, so a later start
+    reads none of their bytes. Names are relative to DATA_DIR where they can be. Processed
+    files (in place, or a staged copy on node-local disk, wherever it lies) are named by
+    their `SHA256SUMS` entries already. `say` shows the record's line (new files, a warning).
     """
     files = {f"processed/{folder.name}/{name}": sha for name, sha in read_digests(folder).items()}
     if not sources:
         return files
-    # Beside the library caches in DATA_DIR/.cache (git-ignored, as all below data/*/).
-    with contextlib.suppress(OSError):  # a read-only DATA_DIR: no cache, every file hashed
-        (data_dir / ".cache").mkdir(parents=True, exist_ok=True)
-    cache = HashCache(data_dir / ".cache" / "stream-sources.sha256.json", Path("/"))
     listed: dict[Path, dict[str, str]] = {}  # SHA256SUMS read once per folder, not per file
-    outside = [p.resolve() for p in map(Path, sources) if not _processed(p, folder, listed)]
-    for path in sorted(outside):
-        st, rel = path.stat(), path.relative_to("/").as_posix()
-        files[_short(path, data_dir)] = sha = cache.get(rel, st) or file_digest(path)
-        cache.put(rel, st, sha)
-    cache.save()
-    return files
+    outside = [path for path in map(Path, sources) if not _processed(path, folder, listed)]
+    found = fingerprint(outside, data_dir)
+    if line := record_or_check(found, record, data_dir):
+        say(line)
+    return files | {name: source.sha256 for name, source in found.items()}
 
 
 def _processed(path: Path, folder: Path, listed: dict[Path, dict[str, str]]) -> bool:
@@ -109,13 +110,6 @@ def _processed(path: Path, folder: Path, listed: dict[Path, dict[str, str]]) -> 
                 listed[parent] = read_digests(parent)
             return path.resolve().relative_to(parent).as_posix() in listed[parent]
     return False
-
-
-def _short(path: Path, data_dir: Path) -> str:
-    try:
-        return path.relative_to(data_dir.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def check_same_data(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from ..errors import DataError
 from ..settings import get_settings
 from .hashcache import HashCache
 from .manifest import (
@@ -94,7 +95,7 @@ class Change:
         return f"{self.kind:<{width}} {raw_dir / self.path}{detail}"
 
 
-def _near(path: Path) -> Path:
+def near(path: Path) -> Path:
     """``path`` relative to the working directory if it lies below it, for short messages."""
     here = Path.cwd()
     return path.relative_to(here) if path.is_relative_to(here) else path
@@ -103,7 +104,7 @@ def _near(path: Path) -> Path:
 def default_paths() -> tuple[Path, Path]:
     """The raw folder and manifest of this project; ``PROJECT_ROOT``, ``DATA_DIR`` apply."""
     settings = get_settings()
-    return _near(settings.raw_dir), _near(settings.project_root / MANIFEST_PATH)
+    return near(settings.raw_dir), near(settings.project_root / MANIFEST_PATH)
 
 
 def scan(raw_dir: Path) -> dict[str, os.stat_result]:
@@ -152,7 +153,7 @@ def sha256_file(
                 if advance is not None:
                     advance(size)
     except OSError as err:
-        raise RawDataError(f"raw file {path} cannot be read: {err.strerror}") from None
+        raise RawDataError(f"file {path} cannot be read: {err.strerror}") from None
     return digest.hexdigest()
 
 
@@ -178,7 +179,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None]]:
         unit="B",
         unit_scale=True,
         unit_divisor=1024,
-        desc="hashing raw data",
+        desc="hashing",
         delay=0.5,
         leave=False,
         disable=not sys.stderr.isatty(),
@@ -301,7 +302,7 @@ def verify_raw(raw_dir: Path, manifest: Path) -> None:
     Permission drift alone (e.g. a fresh clone, where git gives files mode 0644) does not
     stop a run: the data is intact, so it is logged as a warning that says how to fix it.
     """
-    raw_dir, manifest = _near(raw_dir), _near(manifest)
+    raw_dir, manifest = near(raw_dir), near(manifest)
     changes = verify(raw_dir, manifest)
     content = [c for c in changes if c.kind != PERMISSIONS]
     if content:
@@ -432,24 +433,27 @@ def _resolve(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def run_data_command(args: argparse.Namespace) -> int:
-    """Run ``data freeze`` or ``data verify``; errors become one line on stderr and exit 1."""
+    """Run a ``data`` action; errors become one line on stderr and exit 1."""
     try:
         code: int = args.data_handler(args)
         return code
-    except RawDataError as error:
+    except (RawDataError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
 
-def add_data_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_data_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
     """Add ``data freeze [--update] [--full]`` and ``data verify [--full]`` to a CLI.
 
-    The parsed namespace gets ``func=run_data_command``, which returns the exit code.
+    The parsed namespace gets ``func=run_data_command``, which returns the exit code. Returns
+    the actions of ``data``, for the source record's (``sources.add_source_commands``).
     """
     data = subparsers.add_parser(
         "data",
-        help="freeze and verify the raw data",
-        description="Keep the raw data as delivered: record it once, then check it.",
+        help="freeze and verify the raw data; record and check the files streams read",
+        description="Keep the data as delivered: record it once, then check it.",
     )
     data.set_defaults(func=run_data_command)
     actions = data.add_subparsers(dest="data_action", required=True, metavar="ACTION")
@@ -481,3 +485,4 @@ def add_data_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         parser.add_argument(
             "--manifest", type=Path, help=f"manifest file (default: {MANIFEST_PATH.as_posix()})"
         )
+    return actions

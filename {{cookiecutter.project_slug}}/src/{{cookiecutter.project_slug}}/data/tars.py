@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from .streams import stream_part
 
 Sample = dict[str, Any]
@@ -42,6 +42,8 @@ def _key(name: str) -> tuple[str, str]:
 
 BLOCK = 512
 REGULAR = (b"0", b"\0", b"7")  # regular files (7: contiguous, read alike)
+# A name that is not UTF-8 (an old archive; bytes that are no tar) is read as `tarfile` reads it.
+ESCAPE = "surrogateescape"
 
 
 def _octal(field: bytes, path: Path, offset: int) -> int:
@@ -66,6 +68,11 @@ def _pax(body: bytes) -> dict[str, str]:
     return records
 
 
+def _cut_short(path: Path, end: int, why: str) -> DataError:
+    """The one line for a shard that ends before its tar does."""
+    return DataError(f"{path}: cut short at byte {end} ({why}: an interrupted download or copy?)")
+
+
 def _members(path: Path) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file of a tar, in order, headers checked.
 
@@ -75,21 +82,31 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
     Header checksums are not summed (half the time per member): a damaged number or a size
     past the end stops with one line, and the files' bytes are checked whole by their
     SHA-256 (processed data's SHA256SUMS, or the data digest of a stream's source files).
+
+    A shard must end where a tar ends, at its end-of-archive marker: a shard cut at a member's
+    boundary still has whole headers, and read up to "no more headers" (as GNU tar and
+    `tarfile` read it, without a word) it would pass for a shorter shard. The marker is two
+    zero blocks; one is enough here. Some writers end with one (GNU tar reads such archives
+    and warns of "a lone zero block"), and one zero block already shows that every member
+    before it is whole: a copy cut inside the second block has lost no sample. What follows
+    the marker (the padding to a whole record) is not read, so a cut there reads whole.
     """
+    if path.stat().st_size == 0:  # (mmap refuses an empty file)
+        raise DataError(f"{path}: 0 bytes, not a tar file (an interrupted download or copy?)")
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         pos, end, long_name = 0, len(m), ""
         pax: dict[str, str] = {}
         while pos + BLOCK <= end:
             header = m[pos : pos + BLOCK]
-            if header[:1] == b"\0" and header.count(0) == BLOCK:  # the end-of-archive blocks
+            if header[:1] == b"\0" and header.count(0) == BLOCK:  # the end-of-archive marker
                 return
             size = int(pax["size"]) if "size" in pax else _octal(header[124:136], path, pos)
             kind, start = header[156:157], pos + BLOCK
             pos = start + -(-size // BLOCK) * BLOCK
             if pos > end:
-                raise DataError(f"{path}: cut short (a member runs past its end at byte {end})")
+                raise _cut_short(path, end, f"the member at byte {start - BLOCK} runs past it")
             if kind == b"L":  # GNU: the next member's long name
-                long_name = m[start : start + size].split(b"\0", 1)[0].decode()
+                long_name = m[start : start + size].split(b"\0", 1)[0].decode(errors=ESCAPE)
             elif kind == b"x":  # pax: records for the next member
                 try:
                     pax = _pax(m[start : start + size])
@@ -102,13 +119,14 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
                 long_name, pax = "", {}
             else:  # folders, links, global headers: no sample data
                 long_name, pax = "", {}
+        raise _cut_short(path, end, "no end-of-archive marker")
 
 
 def _name(header: bytes) -> str:
     """A ustar header's path: its prefix field, then its name field."""
-    name = header[:100].split(b"\0", 1)[0].decode()
+    name = header[:100].split(b"\0", 1)[0].decode(errors=ESCAPE)
     if header[257:262] == b"ustar" and (prefix := header[345:500].split(b"\0", 1)[0]):
-        return f"{prefix.decode()}/{name}"
+        return f"{prefix.decode(errors=ESCAPE)}/{name}"
     return name
 
 
@@ -151,7 +169,8 @@ def write_tar_shards(
 class TarShards(IterableDataset):
     """The samples of tar shards as a stream: whole shards per part, a position per copy.
 
-    `decode` turns a sample's bytes into what the task trains on; it runs in the workers.
+    `decode` turns a sample's bytes into what the task trains on; it runs in the workers. An
+    error it raises ends the stream as one line naming the shard and the sample's key.
     """
 
     def __init__(self, files: list[Path], decode: Callable[[Sample], Any], seed: int = 0) -> None:
@@ -202,5 +221,10 @@ class TarShards(IterableDataset):
                 if done <= skip:
                     continue
                 self.position = (shard, done)
-                yield self.decode(sample)
+                try:
+                    decoded = self.decode(sample)
+                except Exception as err:  # a bad image, a wrong byte count: name the sample
+                    where = f"{shards[shard]}: sample {sample['__key__']}"
+                    raise DataError(f"{where}: {first_line(err)}") from err
+                yield decoded
             self.position = (shard + 1, 0)
