@@ -8,6 +8,7 @@ a tar shard at every byte are in tests/test_stream_properties.py.
 
 import importlib.util
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -87,13 +88,16 @@ def test_a_damaged_parquet_file_is_one_line_when_the_stream_is_made(
 def test_a_missing_parquet_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"train-0\.parquet: no such file$"):
         hf_streams.hf_stream([tmp_path / "train-0.parquet"])
+    with pytest.raises(DataError, match=r"^hf_stream: no files given"):  # an empty glob
+        hf_streams.hf_stream(sorted(tmp_path.glob("*.parquet")))
 
 
 @needs_datasets
 def test_a_bit_flipped_in_a_page_with_a_checksum_is_refused_as_it_is_read(tmp_path: Path) -> None:
     """The footer is intact, so the stream is made; the page's CRC32 fails when it is read.
 
-    (Naming the file in one line is the training loop's part: see its worker errors.)
+    pyarrow names no file ('<Buffer>'): the stream checks the files it opened while reading
+    (as training reads, `failures.reading()`) and names the damaged one.
     """
     import pyarrow.parquet as pq  # noqa: PLC0415  (with the datasets extra)
 
@@ -105,4 +109,7 @@ def test_a_bit_flipped_in_a_page_with_a_checksum_is_refused_as_it_is_read(tmp_pa
     path.write_bytes(bytes(data))
     stream = hf_streams.hf_stream([path])
     with pytest.raises(OSError, match="CRC checksum verification failed"):
-        list(stream)
+        list(stream)  # read outside training: the error as pyarrow raises it
+    named = rf"^{re.escape(str(path))}: OSError: .*CRC checksum verification failed"
+    with pytest.raises(DataError, match=named), pkg("data.failures").reading():
+        list(hf_streams.hf_stream([path]))

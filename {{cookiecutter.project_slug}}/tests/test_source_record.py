@@ -224,14 +224,15 @@ def test_a_read_only_project_still_checks_and_records_nothing(
 
     monkeypatch.setattr(os, "open", read_only)
     found = sources.fingerprint([a, b], data_dir)
-    assert sources.record_or_check(found, record, data_dir) == (
+    sources.check_record(found, record, data_dir)  # b is new: it passes
+    assert sources.record_new(found, record) == (
         f"warning: 1 new source file(s) not recorded: {RECORD} cannot be written: "
         f"{os.strerror(errno.EROFS)}"
     )
     assert record.read_bytes() == before
     a.write_bytes(b"A")
     with pytest.raises(pkg("errors").DataError, match=r"source file data/external/a.bin \("):
-        sources.record_or_check(sources.fingerprint([a, b], data_dir), record, data_dir)
+        sources.check_record(sources.fingerprint([a, b], data_dir), record, data_dir)
 
 
 def test_two_runs_starting_together_lose_no_entry(
@@ -260,7 +261,7 @@ def test_two_runs_starting_together_lose_no_entry(
     said: dict[str, str | None] = {}
 
     def run(name: str) -> None:
-        said[name] = sources.record_or_check(found[name], record, data_dir)
+        said[name] = sources.record_new(found[name], record)
 
     first = threading.Thread(target=run, args=("a",), name="a")
     first.start()

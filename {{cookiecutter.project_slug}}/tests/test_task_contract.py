@@ -2,16 +2,25 @@
 
 Each task is checked on a few samples of the project's real data: its processed data when
 `prepare` has made it, or else the output of its own `prepare` from data/raw, made here in a
-temporary folder. A task whose data cannot be made fails with the command that makes it (a
-task that needs a setting no test can give, such as hub_lm's model folder, is skipped naming
-it). The checks: samples that can be batched (by the task's `collate`), a scalar finite loss,
-evaluation sums that add up over batches (so they add up over processes too), the declared
-metrics, and the same initial weights on every process.
+temporary data folder. That folder's raw/ and external/ are the project's (links), so a task
+reads them as training does: files a stream reads from data/external, as the `corpus` task
+of docs/bring-your-own-task.md does, are found here too. Its interim/ is its own: a
+`prepare` may write there, and these tests write nothing into the project's data.
+
+A task whose data cannot be made fails with the command that makes it; one whose data sets
+cannot be read (a `DataError`, a missing file) fails in one line that names the file. Files
+below data/external stay out of git, so a fresh clone has none: that line says to copy them
+in, as on the machine that trains. Neither is a skip, which would leave the task unchecked
+with the suite green. A task that needs a setting no test can give, such as hub_lm's model
+folder, is skipped naming it. The checks: samples that can be batched (by the task's
+`collate`), a scalar finite loss, evaluation sums that add up over batches (so they add up
+over processes too), the declared metrics, and the same initial weights on every process.
 """
 
 import dataclasses
 from itertools import islice
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -22,10 +31,21 @@ task_mod, config, batches = pkg("task"), pkg("config"), pkg("engine.batches")
 errors, processed = pkg("errors"), pkg("data.processed")
 
 
+# The project's data folders that the temporary one links: read as training reads them.
+LINKED = ("raw", "external")
+
+
 @pytest.fixture(scope="session")
 def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data folder for the tasks without processed data (its raw/ is the project's)."""
+    """A data folder for the tasks without processed data (raw/ and external/ are linked)."""
     return tmp_path_factory.mktemp("contract-data")
+
+
+def in_project(text: str, elsewhere: Path, data_dir: Path) -> str:
+    """`text` with the linked folders of `elsewhere` named as the project's own."""
+    for folder in LINKED:
+        text = text.replace(str(elsewhere / folder), str(data_dir / folder))
+    return text
 
 
 def configured(name: str, elsewhere: Path):
@@ -38,16 +58,13 @@ def configured(name: str, elsewhere: Path):
     settings = pkg("settings").get_settings()
     task = task_mod.load_task(cfg, settings)
     if task.processed_dir.is_dir():  # prepared by the user, maybe with settings given then
-        try:
-            task.datasets(task.processed_dir)
-        except errors.ConfigError as err:  # such as hub_lm's model.init_from
-            pytest.skip(f"task {name}: {err}")
-        return task
-    if not (elsewhere / "raw").exists():
-        (elsewhere / "raw").symlink_to(settings.raw_dir, target_is_directory=True)
+        return opened(task, elsewhere, settings.data_dir)
+    for folder in LINKED:  # (a link to a folder that is missing reads as an empty one)
+        if not (elsewhere / folder).is_symlink():
+            (elsewhere / folder).symlink_to(settings.data_dir / folder, target_is_directory=True)
     task = task_mod.load_task(cfg, dataclasses.replace(settings, data_dir=elsewhere))
     if task.processed_dir.is_dir():  # prepared here by an earlier test
-        return task
+        return opened(task, elsewhere, settings.data_dir)
     try:
         processed.prepare(task)
     except errors.ConfigError as err:  # a setting only the user can give
@@ -55,14 +72,35 @@ def configured(name: str, elsewhere: Path):
     except (errors.DataError, OSError) as err:
         if name in EXAMPLE_RAW and not EXAMPLE_RAW[name].is_file():  # replaced by the user's
             pytest.skip(f"the {name} example's {EXAMPLE_RAW[name].name} is gone from data/raw")
-        why = str(err).replace(str(elsewhere / "raw"), str(settings.raw_dir))
-        pytest.fail(
+        why = in_project(str(err), elsewhere, settings.data_dir)
+        one_line(
             f"task {name}: no processed data, and its prepare cannot make it from "
             f"{settings.raw_dir}: {why}. Put its raw data in place, then run "
-            f"`prepare task.name={name}`",
-            pytrace=False,
+            f"`prepare task.name={name}`"
         )
+    return opened(task, elsewhere, settings.data_dir)
+
+
+def opened(task, elsewhere: Path, data_dir: Path):
+    """`task`, once its data sets open: one line when their files cannot be read."""
+    try:
+        task.datasets(task.processed_dir)
+    except errors.ConfigError as err:  # such as hub_lm's model.init_from
+        pytest.skip(f"task {task.name}: {err}")
+    except (errors.DataError, OSError) as err:
+        why = in_project(errors.first_line(err), elsewhere, data_dir)
+        if str(external := data_dir / "external") in why:  # a fresh clone has none of them
+            why += (
+                f". Files below {external} stay out of git: copy the ones this task reads "
+                "there, as on the machine that trains"
+            )
+        one_line(f"task {task.name}: {why}")
     return task
+
+
+def one_line(message: str) -> NoReturn:
+    """Fail the test with `message` alone: no traceback, and not the error it stands for."""
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 @pytest.fixture(params=task_mod.available())

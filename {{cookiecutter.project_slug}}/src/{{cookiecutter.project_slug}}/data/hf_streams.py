@@ -133,6 +133,8 @@ def hf_stream(
     """
     from datasets import load_dataset  # noqa: PLC0415  (an optional extra)
 
+    if not files:  # datasets' own "Empty 'data_files'" comes with a traceback
+        raise DataError("hf_stream: no files given (did the glob find any?)")
     if file_format == "parquet":
         from pyarrow.dataset import ParquetFragmentScanOptions  # noqa: PLC0415  (an extra)
 

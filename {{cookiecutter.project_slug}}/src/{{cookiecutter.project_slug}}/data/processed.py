@@ -26,16 +26,17 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..config import Config
 from ..errors import DataError
+from ..settings import Settings
 from ..task import Task
 from .hashcache import HashCache, file_digest
-from .sources import fingerprint, record_or_check
+from .sources import RECORD_PATH, check_record, fingerprint, record_new
 
 DIGESTS = "SHA256SUMS"
 VERIFIED = ".verified"  # in a staged copy: the job and file stats of its last verification
@@ -72,31 +73,40 @@ def processed_digest(folder: Path) -> str | None:
         return None
 
 
-def data_files(
-    folder: Path,
-    sources: list[Path],
-    data_dir: Path,
-    record: Path,
-    say: Callable[[str], None] = print,
-) -> dict[str, str]:
+def data_files(folder: Path, sources: list[Path], settings: Settings) -> dict[str, str]:
     """{file: sha256} of the processed files and of the files a stream reads from elsewhere.
 
     A stream's own files (a `source_files()` list, e.g. parquet files in data/external) are
-    checked against the committed source `record` (`sources.py`), which takes a file at its
-    first use; their sums are cached by file metadata, as the raw data's are, so a later start
-    reads none of their bytes. Names are relative to DATA_DIR where they can be. Processed
-    files (in place, or a staged copy on node-local disk, wherever it lies) are named by
-    their `SHA256SUMS` entries already. `say` shows the record's line (new files, a warning).
+    checked against the committed source record (`sources.py`): one that differs is refused
+    in one line. Their sums are cached by file metadata, as the raw data's are, so a later
+    start reads none of their bytes. Names are relative to DATA_DIR where they can be.
+    Processed files (in place, or a staged copy on node-local disk, wherever it lies) are
+    named by their `SHA256SUMS` entries already.
     """
     files = {f"processed/{folder.name}/{name}": sha for name, sha in read_digests(folder).items()}
     if not sources:
         return files
-    listed: dict[Path, dict[str, str]] = {}  # SHA256SUMS read once per folder, not per file
-    outside = [path for path in map(Path, sources) if not _processed(path, folder, listed)]
-    found = fingerprint(outside, data_dir)
-    if line := record_or_check(found, record, data_dir):
-        say(line)
+    found = fingerprint(_outside(folder, sources), settings.data_dir)
+    check_record(found, settings.project_root / RECORD_PATH, settings.data_dir)
     return files | {name: source.sha256 for name, source in found.items()}
+
+
+def record_sources(folder: Path, sources: list[Path], settings: Settings) -> str:
+    """Add the files a stream read from elsewhere to the source record: the line to show.
+
+    For the end of a segment in which reading the data never failed (`sources.py`); the sums
+    come from the cache that `data_files` filled. "" when there was nothing new to record.
+    """
+    if not sources:
+        return ""
+    found = fingerprint(_outside(folder, sources), settings.data_dir)
+    return record_new(found, settings.project_root / RECORD_PATH) or ""
+
+
+def _outside(folder: Path, sources: list[Path]) -> list[Path]:
+    """The files of `sources` that are not processed data (of `folder` or its staged copy)."""
+    listed: dict[Path, dict[str, str]] = {}  # SHA256SUMS read once per folder, not per file
+    return [path for path in map(Path, sources) if not _processed(path, folder, listed)]
 
 
 def _processed(path: Path, folder: Path, listed: dict[Path, dict[str, str]]) -> bool:
@@ -118,14 +128,18 @@ def check_same_data(
     run: str,
     folder: Path,
     files: tuple[dict[str, str] | None, dict[str, str]] | None = None,
+    *,
+    repaired: list[str] | None = None,
 ) -> None:
     """Refuse a resume on data other than the run's (None saved: not recorded).
 
-    `files`: the checkpoint's and today's `data_files`, to name what changed.
+    `files`: the checkpoint's and today's `data_files`, to name what changed; `repaired`: the
+    files the run stopped on as damaged, which may have changed since (their repair).
     """
     saved_files, current = files or (None, {})
     then = saved_files or {}  # None: not recorded, nothing to compare
-    changed = sorted(k for k in then.keys() | current.keys() if then.get(k) != current.get(k))
+    differ = {k for k in then.keys() | current.keys() if then.get(k) != current.get(k)}
+    changed = sorted(differ - set(repaired or ()))
     if saved_files is not None and changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         name = changed[0]

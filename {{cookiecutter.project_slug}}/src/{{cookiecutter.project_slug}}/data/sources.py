@@ -6,8 +6,11 @@ A stream may also read files from elsewhere (its ``source_files()``, e.g. parque
 project (path, size and SHA-256 per file, format in ``manifest.py``), which is committed like
 the raw-data manifest and stays in the repository when ``DATA_DIR`` moves the data.
 
-``train`` looks up each such file: one not yet recorded is added, one that differs from its
-record is refused in one line, whatever the run's name. ``data record`` records files or
+``train`` looks up each such file when it starts: one that differs from its record is refused
+in one line, whatever the run's name. One not yet recorded is added when the run's segment
+ends, unless reading the data failed in it: a file is recorded once a run has read it without
+finding it damaged, so a damaged copy is not recorded by the run that found it, and its
+repaired copy is not refused. ``data record`` records files or
 folders before any run, and with ``--update`` is the one way to accept a changed file;
 ``data check`` compares files with the record, e.g. after a copy to the cluster.
 
@@ -171,24 +174,25 @@ def _write(record: Path, entries: Mapping[str, Source]) -> None:
         raise CannotRecordError(f"{near(record)} cannot be written: {err.strerror}") from None
 
 
-def record_or_check(found: Mapping[str, Source], record: Path, data_dir: Path) -> str | None:
-    """Refuse a file that differs from its record, record new ones; return the line to show.
+def check_record(found: Mapping[str, Source], record: Path, data_dir: Path) -> None:
+    """Refuse, in one line, a file of `found` that differs from its record (new ones pass)."""
+    if record.is_file() and (changes := _changes(found, _read(record), data_dir)):
+        raise _refusal(changes, record)
+
+
+def record_new(found: Mapping[str, Source], record: Path) -> str | None:
+    """Add the files of `found` that the record lacks; the line to show (None: none new).
 
     The record is read again under its lock before it is written: another run may have added
-    files since. Where it cannot be written the check still holds, and the line warns.
+    files since (its entries are kept). Where it cannot be written, the line warns.
     """
-    known = _read(record)
-    if changes := _changes(found, known, data_dir):
-        raise _refusal(changes, record)
-    if found.keys() <= known.keys():  # every later start: no lock, nothing written
+    known = _read(record) if record.is_file() else {}
+    if found.keys() <= known.keys():  # every later segment: no lock, nothing written
         return None
     try:
         with _locked(record):
-            known = _read(record)
-            if changes := _changes(found, known, data_dir):  # recorded meanwhile, otherwise
-                raise _refusal(changes, record)
-            new = found.keys() - known.keys()
-            if new:
+            known = _read(record) if record.is_file() else {}
+            if new := found.keys() - known.keys():
                 _write(record, {**known, **{name: found[name] for name in new}})
     except CannotRecordError as err:
         return f"warning: {len(found.keys() - known.keys())} new source file(s) not recorded: {err}"

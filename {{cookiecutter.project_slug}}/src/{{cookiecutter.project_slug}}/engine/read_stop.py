@@ -5,9 +5,14 @@ written the checkpoint of that step, the last good one, unless no step was done.
 writes each failed process's traceback to `runs/<name>/errors.log` and says the first
 failure in one line: the cause, the file, the worker and process, the checkpoint, the exit
 code and what to do. The other processes say nothing: there is one cause, not one per rank.
+
+The files the failures name go into the segment's `summary.json` as `damaged`. A checkpoint
+records the digest of each file a stream reads from elsewhere, and a resume refuses a file
+that changed since: except these, whose repair is what the line asked for (`repaired`).
 """
 
 import datetime
+import json
 from pathlib import Path
 
 from ..data.failures import ReadFailure
@@ -43,3 +48,25 @@ def report(
         f"(traceback in {log}): repair or replace the file, then start run.name={run} "
         "again to continue from there"
     )
+
+
+def damaged(failures: list[ReadFailure | None], files: dict[str, str], data_dir: Path) -> list[str]:
+    """The names in `files` (the run's `data_files`) of the files that `failures` name."""
+    named = []
+    for name in files:
+        path = Path(name) if name.startswith("/") else data_dir / name
+        for failure in filter(None, failures):
+            if str(path) in failure.cause or (failure.file and Path(failure.file) == path):
+                named.append(name)
+                break
+    return named
+
+
+def repaired(run_dir: Path) -> list[str]:
+    """The files the run's last segment stopped on as damaged (its summary.json's `damaged`)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: nothing is excused
+        return []
+    found = summary.get("damaged", []) if isinstance(summary, dict) else []
+    return [name for name in found if isinstance(name, str)]

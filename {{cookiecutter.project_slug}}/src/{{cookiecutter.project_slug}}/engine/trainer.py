@@ -24,8 +24,13 @@ import torch
 
 from ..config import Config, to_dict, to_toml
 from ..data.failures import ReadError, ReadFailure
-from ..data.processed import check_same_data, data_files, processed_digest, stage
-from ..data.sources import RECORD_PATH
+from ..data.processed import (
+    check_same_data,
+    data_files,
+    processed_digest,
+    record_sources,
+    stage,
+)
 from ..errors import CheckpointError, ConfigError, DataError
 from ..observe import provenance
 from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
@@ -162,6 +167,25 @@ def _load_checked(
     return task.datasets(data_dir)
 
 
+def _checked_files(
+    folder: Path, sources: list[Path], settings: Settings, denv: distributed.DistEnv
+) -> dict[str, str]:
+    """The run's data files and their sums (rank 0 reads them, every rank gets them).
+
+    A file that differs from the source record is refused on every rank, in the same line.
+    """
+    found, problem = None, None
+    if denv.is_main:
+        try:
+            found = data_files(folder, sources, settings)
+        except DataError as err:
+            problem = str(err)
+    found, problem = distributed.broadcast_object((found, problem))
+    if problem:
+        raise DataError(problem)
+    return dict(found)
+
+
 class Trainer:
     """State of one training process; `run` is the loop.
 
@@ -290,20 +314,12 @@ class Trainer:
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         self.window = TrainScalars(self.device, self.update.scalars)
-        sources: list[Path] = getattr(self.datasets.train, "source_files", list)()  # a stream's
-        found, problem = None, None
-        if self.denv.is_main:
-            record = self.settings.project_root / RECORD_PATH
-            try:
-                found = data_files(
-                    self.task.processed_dir, sources, self.settings.data_dir, record, self.say
-                )
-            except DataError as err:  # a file that differs from its record: raised on every rank
-                problem = str(err)
-        found, problem = distributed.broadcast_object((found, problem))
-        if problem:
-            raise DataError(problem)
-        self.data_files = found
+        self.sources: list[Path] = getattr(
+            self.datasets.train, "source_files", list
+        )()  # a stream's
+        self.data_files = _checked_files(
+            self.task.processed_dir, self.sources, self.settings, self.denv
+        )
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
@@ -322,8 +338,14 @@ class Trainer:
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
         files = (state.get("data_files"), self.data_files)
+        repaired = read_stop.repaired(self.run_dir)  # the files its data stop asked to repair
         check_same_data(
-            state.get("data"), self.data_digest, self.name, self.task.processed_dir, files
+            state.get("data"),
+            self.data_digest,
+            self.name,
+            self.task.processed_dir,
+            files,
+            repaired=repaired,
         )
         if state.get("strategy", "ddp") != self.strategy.name:
             raise CheckpointError(
@@ -563,27 +585,21 @@ class Trainer:
         if saves and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
         found = distributed.gather_objects(failure) if outcome == "data" else []
+        damaged = read_stop.damaged(found, self.data_files, self.settings.data_dir)
+        read_well = self.denv.is_main and outcome != "data"  # a stream's files: sources.py
+        if read_well and (
+            line := record_sources(self.task.processed_dir, self.sources, self.settings)
+        ):
+            self.say(line)
         self.checkpoints.barrier()  # a background save is complete before the run reports
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
-        if outcome == "diverged":
-            kept = f"step {self.saved_step}" if self.saved_step >= 0 else "none"
+        if self.denv.is_main and outcome == "data":  # the tracebacks go to errors.log
             self.say(
-                f"error: the loss or the weights became NaN/inf by step {self.pos.step}; "
-                f"stopped with exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
-                "(lower train.lr, or raise train.nonfinite_patience)"
+                read_stop.report(found, self.run_dir, self.name, self.saved_step, segment_steps)
             )
-        elif outcome == "data" and self.denv.is_main:  # the tracebacks go to errors.log
-            say = read_stop.report(found, self.run_dir, self.name, self.saved_step, segment_steps)
-            self.say(say)
-        elif outcome == "stop":
-            self.say(stop_message(stop.signal_name, self.pos.step, self.name))
-        elif outcome == "segment":
-            self.say(f"segment done at step {self.pos.step}; the next start resumes")
-        elif outcome == "pruned":
-            self.say(f"run {self.name}: pruned at step {self.pos.step} (the sweep's pruner)")
-        elif resumed and segment_steps == 0:
-            self.say(f"run {self.name}: already finished at step {self.pos.step}")
+        elif line := self.outcome_line(outcome, stop, resumed and segment_steps == 0):
+            self.say(line)
         status = {"stop": "stopped", "segment": "segment", "data": "data-failed"}.get(
             outcome, outcome or "finished"
         )  # and "diverged" and "pruned" (a sweep's pruner) stay as they are
@@ -599,12 +615,31 @@ class Trainer:
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
             "whole_run": whole_run(self.run_seconds(), self.pos.samples),
+            **({"damaged": damaged} if damaged else {}),  # excused on resume (read_stop)
         }
         if self.denv.is_main:
             self.report(summary)
         codes = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED, "data": read_stop.EXIT_DATA}
         code = codes.get(outcome, 0)
         return Result(code, self.run_dir, summary)
+
+    def outcome_line(self, outcome: str, stop: StopRequest, idle: bool) -> str:
+        """What the end of a segment says ("" for a finished one); `idle`: resumed, no step."""
+        step = self.pos.step
+        if outcome == "diverged":
+            kept = f"step {self.saved_step}" if self.saved_step >= 0 else "none"
+            return (
+                f"error: the loss or the weights became NaN/inf by step {step}; stopped with "
+                f"exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
+                "(lower train.lr, or raise train.nonfinite_patience)"
+            )
+        lines = {
+            "stop": stop_message(stop.signal_name, step, self.name),
+            "segment": f"segment done at step {step}; the next start resumes",
+            "pruned": f"run {self.name}: pruned at step {step} (the sweep's pruner)",
+            "": f"run {self.name}: already finished at step {step}" if idle else "",
+        }
+        return lines.get(outcome, "")
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""

@@ -1,0 +1,149 @@
+"""Damaged data never trains silently and never ends in a traceback, whatever reads it.
+
+Each kind of stream of `toy_tasks.faults` (and a map-style data set) reads files from
+DATA_DIR/external, one of which arrived damaged: cut short, at a tar member's boundary too, or
+a bit flipped in a checksummed parquet page. On 1 process with 1 DataLoader worker and on 2
+processes with 2 workers each (started as srun starts them: one process per rank, no
+torchrun), the run stops with exit 6 and one line that names the file, the worker and the
+process and the checkpoint of its last good step; no traceback reaches the terminal (it is
+in runs/<name>/errors.log), and the damaged file is not taken into the source record. Once
+the file is repaired, the run continues from that checkpoint to the same weights as a run
+that never met the damage.
+"""
+
+import importlib.util
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PACKAGE, assert_identical, cli_env, final_weights, pkg, run_cli
+from toy_tasks import faults
+
+HAS_DATASETS = importlib.util.find_spec("datasets") is not None
+ARGS = [
+    "run.progress=log",
+    "run.figures=false",
+    "data.verify_raw=false",
+    "task.name=toy_tasks.faults",
+    "train.batch_size=8",
+    "train.schedule=constant",
+    "train.epochs=1",
+]
+LINE = re.compile(
+    r"error: reading the training data failed: (?P<cause>.+), in DataLoader worker \d of "
+    r"process \d(?: \(and 1 more process\(es\)\))?; checkpoint at step (?P<step>\d+) written, "
+    r"exit 6 \(traceback in (?P<log>\S+)\): repair or replace the file, then start "
+    r"run.name=(?P<run>\S+) again to continue from there"
+)
+
+
+def kinds() -> list[object]:
+    """Every kind; those that need the datasets extra skip without it."""
+    skip = pytest.mark.skip(reason="the datasets extra is not installed")
+    return [
+        pytest.param(kind, marks=[skip] if kind.startswith("hf") and not HAS_DATASETS else [])
+        for kind in faults.KINDS
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ranks(project: Path, *args: str) -> list[subprocess.CompletedProcess[str]]:
+    """`train` as 2 processes that meet over TCP, each started alone, as srun starts them."""
+    port, children = free_port(), []
+    for rank in range(2):
+        env = cli_env(project)
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        command = [sys.executable, "-m", PACKAGE, "train", *args]
+        children.append(
+            subprocess.Popen(
+                command,
+                cwd=project,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    done = []
+    for child in children:
+        try:
+            out, err = child.communicate(timeout=600)  # a hang guard: they take seconds
+        except subprocess.TimeoutExpired:
+            for each in children:
+                each.kill()
+            pytest.fail(f"train {' '.join(args)}: a rank still ran after 600 s")
+        done.append(subprocess.CompletedProcess(command, child.returncode, out, err))
+    return done
+
+
+def train(project: Path, processes: int, *args: str) -> list[subprocess.CompletedProcess[str]]:
+    """`train` with `args` on 1 process (1 worker) or 2 processes (2 workers each)."""
+    workers = f"data.num_workers={processes}"
+    if processes == 1:
+        return [run_cli("train", *ARGS, workers, *args, project=project, timeout=600)]
+    return ranks(project, *ARGS, workers, *args)
+
+
+def stopped_on_damage(outs: list[subprocess.CompletedProcess[str]], damaged: Path) -> int:
+    """The checkpoint's step, after checking that the run said the damage as it must."""
+    said = "".join(out.stdout + out.stderr for out in outs)
+    assert [out.returncode for out in outs] == [6] * len(outs), said[-4000:]
+    assert "Traceback" not in said, said
+    lines = [line for line in said.splitlines() if line.startswith(("error", "warning"))]
+    assert len(lines) == 1, said  # rank 0 says it; another rank says nothing
+    found = LINE.fullmatch(lines[0])
+    assert found, lines[0]
+    assert str(damaged) in found["cause"], lines[0]
+    assert "Traceback" in Path(found["log"]).read_text(encoding="utf-8")
+    return int(found["step"])
+
+
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", kinds())
+def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
+    project: Path, kind: str, processes: int
+) -> None:
+    data_dir = project / "data"
+    faults.write_files(data_dir, kind)
+    damaged = faults.damage(data_dir, kind).resolve()
+    step = stopped_on_damage(train(project, processes, f"task.kind={kind}", "run.name=r"), damaged)
+    assert step > 0  # the damage lies two thirds into its file
+    saved = pkg("engine.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
+    assert saved[-1][0] == step
+    assert not (project / "data" / "sources.manifest.tsv").exists()  # nothing taken as good
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "processes"),
+    [("tar", 2), ("map", 2), pytest.param("hf", 1, marks=kinds()[4].marks)],
+)
+def test_after_the_repair_the_run_ends_where_an_undamaged_one_does(
+    project: Path, kind: str, processes: int
+) -> None:
+    """Exact: every sample used before the stop was read whole, none of the damaged part."""
+    data_dir = project / "data"
+    good = faults.write_files(data_dir, kind)
+    kept = {path: path.read_bytes() for path in good}
+    damaged = faults.damage(data_dir, kind).resolve()
+    args = [f"task.kind={kind}", "run.name=cut"]
+    step = stopped_on_damage(train(project, processes, *args), damaged)
+    for path, content in kept.items():  # repaired: the copy done again
+        path.write_bytes(content)
+    resumed = train(project, processes, *args)
+    assert [out.returncode for out in resumed] == [0] * processes, resumed[0].stdout[-3000:]
+    assert f"resumed from step {step} " in resumed[0].stdout
+    whole = train(project, processes, f"task.kind={kind}", "run.name=whole")
+    assert [out.returncode for out in whole] == [0] * processes, whole[0].stdout[-3000:]
+    runs = project / "runs"
+    assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
