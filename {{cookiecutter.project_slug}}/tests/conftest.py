@@ -8,6 +8,7 @@ where oversubscribed threads slow tiny models down many times.
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,41 @@ def run_cli(
             signal_all(hung, signal.SIGKILL)
             pytest.fail(f"{' '.join(args)}: still running after {timeout} s\n{out}\n{err}")
     return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+def run_ranks(project: Path, *args: str, n: int = 2) -> list[subprocess.CompletedProcess[str]]:
+    """`python -m <package> ...` as `n` processes that meet over TCP, as srun starts them.
+
+    Each rank is a process of its own with its own output (no torchrun, whose own report of a
+    failed rank would follow theirs). A rank still running after 600 s has hung: all are
+    killed and the test fails.
+    """
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    command, children = [sys.executable, "-m", PACKAGE, *args], []
+    for rank in range(n):
+        env = cli_env(project, {"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_PORT": port})
+        env.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1")
+        children.append(
+            subprocess.Popen(
+                command,
+                cwd=project,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    done = []
+    for child in children:
+        try:
+            out, err = child.communicate(timeout=600)  # a hang guard: they take seconds
+        except subprocess.TimeoutExpired:
+            signal_all([each.pid for each in children], signal.SIGKILL)
+            pytest.fail(f"{' '.join(args)}: a rank still ran after 600 s")
+        done.append(subprocess.CompletedProcess(command, child.returncode, out, err))
+    return done
 
 
 def process_tree(pid: int) -> list[int]:

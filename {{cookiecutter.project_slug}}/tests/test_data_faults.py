@@ -13,14 +13,12 @@ that never met the damage.
 
 import importlib.util
 import re
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGE, assert_identical, cli_env, final_weights, pkg, run_cli
+from conftest import assert_identical, final_weights, pkg, run_cli, run_ranks
 from toy_tasks import faults
 
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
@@ -50,48 +48,12 @@ def kinds() -> list[object]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ranks(project: Path, *args: str) -> list[subprocess.CompletedProcess[str]]:
-    """`train` as 2 processes that meet over TCP, each started alone, as srun starts them."""
-    port, children = free_port(), []
-    for rank in range(2):
-        env = cli_env(project)
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        command = [sys.executable, "-m", PACKAGE, "train", *args]
-        children.append(
-            subprocess.Popen(
-                command,
-                cwd=project,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    done = []
-    for child in children:
-        try:
-            out, err = child.communicate(timeout=600)  # a hang guard: they take seconds
-        except subprocess.TimeoutExpired:
-            for each in children:
-                each.kill()
-            pytest.fail(f"train {' '.join(args)}: a rank still ran after 600 s")
-        done.append(subprocess.CompletedProcess(command, child.returncode, out, err))
-    return done
-
-
 def train(project: Path, processes: int, *args: str) -> list[subprocess.CompletedProcess[str]]:
     """`train` with `args` on 1 process (1 worker) or 2 processes (2 workers each)."""
     workers = f"data.num_workers={processes}"
     if processes == 1:
         return [run_cli("train", *ARGS, workers, *args, project=project, timeout=600)]
-    return ranks(project, *ARGS, workers, *args)
+    return run_ranks(project, "train", *ARGS, workers, *args)
 
 
 def stopped_on_damage(outs: list[subprocess.CompletedProcess[str]], damaged: Path) -> int:
@@ -121,6 +83,22 @@ def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
     saved = pkg("engine.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
     assert saved[-1][0] == step
     assert not (project / "data" / "sources.manifest.tsv").exists()  # nothing taken as good
+
+
+@pytest.mark.parametrize(
+    ("kind", "processes"),
+    [("map", 1), ("tar", 1), pytest.param("tar", 2, marks=pytest.mark.slow)],
+)
+def test_a_damaged_validation_file_stops_the_run_after_its_step(
+    project: Path, kind: str, processes: int
+) -> None:
+    """Validation at the epoch's end fails: every process stops, the step done is kept."""
+    data_dir = project / "data"
+    faults.write_files(data_dir, kind)
+    damaged = faults.damage(data_dir, kind).resolve()
+    outs = train(project, processes, f"task.kind={kind}", "task.split=val", "run.name=v")
+    step = stopped_on_damage(outs, damaged)
+    assert step == faults.FILES * faults.ROWS // (8 * processes)  # the whole epoch's steps
 
 
 @pytest.mark.slow

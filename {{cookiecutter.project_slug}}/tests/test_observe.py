@@ -22,11 +22,23 @@ def summary(data_s: float, compute_s: float) -> dict[str, float]:
 
 
 def test_time_report_warns_when_input_bound() -> None:
-    assert "input-bound" in observe.format_summary(summary(data_s=4.0, compute_s=6.0))
+    slow = observe.format_summary(summary(data_s=4.0, compute_s=6.0))
+    assert "input-bound, over 30 %" in slow and "raise data.num_workers" in slow
     quiet = observe.format_summary(summary(data_s=0.5, compute_s=9.5))
     assert "input-bound" not in quiet
     assert "data" in quiet
     assert "1000 samples/s" in quiet
+
+
+def test_waits_at_a_streams_pass_edges_are_not_sent_to_more_workers() -> None:
+    """datasets' pause at each shuffled pass's end: more workers would not shorten it."""
+    paused = observe.format_summary({**summary(data_s=4.0, compute_s=6.0), "data_edges_s": 3.5})
+    assert "input-bound at the edges of each pass: 3.5 s of the 4.0 s" in paused
+    assert "num_workers" not in paused and "longer epochs" in paused
+    spread = observe.format_summary({**summary(data_s=4.0, compute_s=6.0), "data_edges_s": 1.0})
+    assert "raise data.num_workers" in spread
+    stopped = {**summary(data_s=4.0, compute_s=6.0), "status": "data-failed"}
+    assert "input-bound" not in observe.format_summary(stopped)  # its time ended early
 
 
 def test_metrics_resume_drops_later_and_cut_off_rows(tmp_path: Path) -> None:

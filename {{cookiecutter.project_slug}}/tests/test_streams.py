@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import DIGITS, assert_identical, example_task, final_weights, pkg, run_cli
+from conftest import (
+    DIGITS,
+    assert_identical,
+    example_task,
+    final_weights,
+    pkg,
+    run_cli,
+    run_ranks,
+)
 
 streams, trainer = pkg("data.streams"), pkg("engine.trainer")
 
@@ -108,6 +116,29 @@ def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> 
     stop_and_resume(project, *options)
 
 
+@pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
+def test_a_datasets_stream_shuffled_through_its_own_buffer_is_refused_at_the_start(
+    project: Path,
+) -> None:
+    """Its state holds no buffer contents, and its resume died in a worker: never trained."""
+    pkg("data.processed").prepare(load("task.kind=hf"))
+    out = run_cli(
+        "train", *COMMON, "task.name=toy_tasks.hf_as_is", "run.name=as-is", project=project
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stdout + out.stderr
+    [line] = out.stderr.splitlines()
+    assert line.startswith("error: task toy_tasks.hf_as_is: train: a Hugging Face datasets ")
+    assert "hf_stream(files, shuffle_buffer=N, seed=...)" in line
+    assert not (project / "runs" / "as-is" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
+def test_a_datasets_stream_handed_over_unshuffled_resumes_exactly(project: Path) -> None:
+    pkg("data.processed").prepare(load("task.kind=hf"))
+    stop_and_resume(project, "task.name=toy_tasks.hf_as_is", "task.shuffle=false")
+
+
 def stop_and_resume_on_two(project: Path, args: list[str], steps: int) -> None:
     """As `stop_and_resume`, with 2 processes started by torchrun (each run a new process)."""
     segment = f"run.max_steps_this_segment={steps}"
@@ -151,6 +182,21 @@ def test_the_tar_example_on_two_processes_resumes_exactly(project: Path) -> None
     args += ["model.hidden=32", "task.buffer=32", "data.num_workers=2", "train.batch_size=32"]
     assert run_cli("prepare", *args, project=project).returncode == 0
     stop_and_resume_on_two(project, args, steps=6)
+
+
+@pytest.mark.slow
+def test_a_stream_resumed_on_another_process_count_says_the_one_cause_on_every_rank(
+    project: Path,
+) -> None:
+    """A 1-process run resumed on 2: rank 1 holds no position of its own, and says why."""
+    args = [*COMMON, "task.kind=stateful", "run.name=grow"]
+    out = run_cli("train", *args, "run.max_steps_this_segment=3", project=project)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rank in run_ranks(project, "train", *args):
+        assert rank.returncode == 1 and "Traceback" not in rank.stdout + rank.stderr, rank.stderr
+        [line] = [line for line in rank.stderr.splitlines() if line.startswith("error")]
+        assert "stopped at a stream position of 2 worker(s) x 1 process(es), batch 16; now " in line
+        assert "2 x 2, batch 16: resume with data.num_workers=2, 1 process(es)" in line
 
 
 def test_resume_with_another_worker_count_is_refused_naming_both(project: Path) -> None:

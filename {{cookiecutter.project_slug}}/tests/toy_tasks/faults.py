@@ -10,6 +10,8 @@
 - "hf" / "hf-own": parquet files through `hf_stream`, shuffled (replayed on resume) or not
   (its own state);
 - "map": not a stream: a map-style data set that reads each row from its file on demand.
+With `task.split=val` the kind's files are the validation split instead, and training reads
+generated rows.
 `damage` hurts one file of a kind the way a broken copy does: cut short (mid-row, or at a
 tar member's boundary, which a reader must not take for the end) or, for parquet files that
 carry page checksums, a flipped bit in their last data page. Each kind reads the damage after
@@ -171,19 +173,23 @@ class Rows(torch.utils.data.Dataset):
             return decode_row({"row": f.read(ROW.size)})  # past a cut: struct.error
 
 
-class Validation(IterableDataset):
-    """Generated rows, read whole by every process."""
+class Generated(IterableDataset):
+    """`n` generated rows from number `first` on, read whole by every process."""
+
+    def __init__(self, n: int, first: int) -> None:
+        self.n, self.first = n, first
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for i in range(worker, 32, workers):
-            yield reading(10**6 + i)
+        for i in range(worker, self.n, workers):
+            yield reading(self.first + i)
 
 
 @dataclass
 class Options:
     kind: str = "plain"  # see the module
+    split: str = "train"  # or "val": the split that reads the kind's files
 
 
 class Faults(api.Classification):
@@ -205,7 +211,10 @@ class Faults(api.Classification):
         else:
             train = Stateful(files)
             train = api.ShuffleBuffer(train, 16, seed=seed) if kind == "buffered" else train
-        return api.Datasets(train=train, val=Validation(), test=Validation())
+        val = Generated(32, first=10**6)
+        if self.options.split == "val":
+            train, val = Generated(FILES * ROWS, first=0), train
+        return api.Datasets(train=train, val=val, test=Generated(32, first=10**6))
 
     def build_model(self) -> nn.Module:
         return api.build_model(self.cfg.model, (8,), 2)

@@ -71,6 +71,7 @@ class InMemoryBatches:
     """Training batches indexed from device-resident tensors."""
 
     ended = False  # map-style data: the trainer counts an epoch's batches by its length
+    edge_s = 0.0  # no waits at a pass's edges (a stream's: see stream_batches)
 
     def state(self) -> None:
         """No position of its own: the trainer's epoch and batch say where an epoch is."""
@@ -279,6 +280,7 @@ class LoaderBatches:
     """
 
     ended = False  # map-style data: the trainer counts an epoch's batches by its length
+    edge_s = 0.0  # persistent workers: no waits at a pass's edges (a stream's: stream_batches)
 
     def state(self) -> None:
         """No position of its own: the trainer's epoch and batch say where an epoch is."""

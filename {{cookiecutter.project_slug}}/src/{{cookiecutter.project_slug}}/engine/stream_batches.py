@@ -27,6 +27,7 @@ once; the stream and the task's collate go to each worker pickled, so they must 
 import multiprocessing
 import multiprocessing.forkserver
 import pickle
+import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import islice
@@ -140,6 +141,9 @@ class StreamBatches:
         self.collate, self.where, self.group = collate, where, group
         self.epoch, self.ended = 0, False
         self.failure: failures.ReadFailure | None = None  # this process's, in the last pass
+        # Seconds waited for a pass's first group (its workers start) and for its short last
+        # one (they finish: e.g. datasets' pause at a shuffled pass's end), for the summary.
+        self.edge_s = 0.0
         self.tags: dict[int, Tag] = {}  # per worker: the tag of its last batch used
         self.next_worker = 0  # whose batch comes next
         self.resume: dict[int, Mapping[str, Any]] = {}  # the saved tags, for the next pass
@@ -264,8 +268,10 @@ class StreamBatches:
             raise DataError(f"{self.where}: asked to start at batch {start} without a position")
         self.ended, self.failure = False, None
         source = self._tagged(train=True, epoch=self.epoch)
+        waiting = time.perf_counter()
         group, mine = self._pull(source)
         verdict = distributed.most(mine)
+        self.edge_s += time.perf_counter() - waiting
         if verdict == SHORT and self.epoch == 0 and not self.resume:
             raise DataError(
                 f"{self.where}: fewer than train.batch_size x train.grad_accum_steps = "
@@ -274,8 +280,11 @@ class StreamBatches:
             )
         self.resume = {}
         while verdict == FULL:
+            waiting = time.perf_counter()
             following, mine = self._pull(source)
             verdict = distributed.most(mine)
+            if verdict != FULL:  # the pass's end
+                self.edge_s += time.perf_counter() - waiting
             for i, (batch, tag) in enumerate(group):
                 self.tags[tag.worker] = tag
                 self.next_worker = (tag.worker + 1) % max(1, self.workers)

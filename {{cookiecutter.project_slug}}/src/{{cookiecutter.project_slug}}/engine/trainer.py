@@ -614,6 +614,7 @@ class Trainer:
             **{f"val_{key}": value for key, value in self.last_val.items()},
             # Throughput of this segment: its samples over its time, not the run's samples.
             **self.timers.summary(self.pos.samples - first_samples, self.device),
+            "data_edges_s": round(self.batches.edge_s, 3),  # of data_s: a stream's pass edges
             "whole_run": whole_run(self.run_seconds(), self.pos.samples),
             **({"damaged": damaged} if damaged else {}),  # excused on resume (read_stop)
         }

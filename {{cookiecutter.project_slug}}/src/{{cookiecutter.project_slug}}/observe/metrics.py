@@ -254,10 +254,31 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  peak GPU memory {summary['peak_gpu_mem_gib']:.2f} GiB")
     if "gpu_util_mean_pct" in summary:
         lines.append(f"  GPU utilisation (NVML, mean of samples) {summary['gpu_util_mean_pct']} %")
-    busy = summary["data_s"] + summary["compute_s"]
-    if busy > 0 and summary["data_s"] / busy > 0.3:
-        lines.append(
-            "  warning: input-bound, over 30 % of the step time waits for data: raise "
-            "data.num_workers (and --cpus-per-task), use data.in_memory, or stage the data"
-        )
+    if warning := input_bound(summary):
+        lines.append(warning)
     return "\n".join(lines)
+
+
+def input_bound(summary: dict[str, Any]) -> str:
+    """The warning when over 30 % of the step time waits for data, with the fix that applies.
+
+    A stream's passes start and end with waits that more workers do not shorten: its workers
+    start, and at the end they finish their share (`datasets` pauses 5 s at the end of each
+    shuffled pass, in each worker). Where those waits (`data_edges_s`) are most of the data
+    time, the warning says so; otherwise the workers are too slow or too few. A run stopped
+    by a failed read says nothing: its time ended early.
+    """
+    data, busy = summary["data_s"], summary["data_s"] + summary["compute_s"]
+    if busy <= 0 or data / busy <= 0.3 or summary.get("status") == "data-failed":
+        return ""
+    if (edges := summary.get("data_edges_s", 0.0)) > data / 2:
+        return (
+            f"  warning: input-bound at the edges of each pass: {edges:.1f} s of the "
+            f"{data:.1f} s waiting for data, while a stream's workers started or finished a "
+            "pass (datasets pauses at the end of each shuffled pass); more workers do not "
+            "shorten these waits, longer epochs do (docs/bring-your-own-task.md, 'Streams')"
+        )
+    return (
+        "  warning: input-bound, over 30 % of the step time waits for data: raise "
+        "data.num_workers (and --cpus-per-task), use data.in_memory, or stage the data"
+    )
