@@ -14,21 +14,33 @@ Three figures, each side by side in one run (alternating order, best of `--round
    start-up of the resumed pass (every worker pulls and throws away what it had used) as a
    ratio to one epoch of the same stream.
 
+`--before DIR` (the package folder of an earlier checkout, e.g. `src/<package>` of a `git
+worktree` at the last release) times that copy's `tar` and `loader` sides too, in the same
+rounds, alternated with today's: the last line gives `tar now/before` and `loader
+now/before`, the cost (below 1) or the gain of what changed since, such as the readers'
+checks of damaged data. Both copies' modules are loaded into one fork server first, so
+neither side's workers import more than the other's.
+
 Runs with the package and its runtime dependencies alone (no test tools). The last lines:
 
     tar/raw: <ratio>  loader/plain: <ratio>  resume/epoch: <ratio> (<consumed> samples)
+    tar now/before: <ratio>  loader now/before: <ratio>      (with --before)
 
 Usage: python benchmarks/bench_stream.py [--workers 2] [--rounds 3] [--dir /path]
+       [--before DIR]
 """
 
 import argparse
 import importlib
+import multiprocessing
+import multiprocessing.forkserver
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -51,6 +63,30 @@ def pkg(module: str) -> ModuleType:
 
 tars, streams, feeding = pkg("data.tars"), pkg("data.streams"), pkg("engine.stream_batches")
 DistEnv = pkg("engine.distributed").DistEnv
+NOW = SimpleNamespace(name=PACKAGE, tars=tars, feeding=feeding, DistEnv=DistEnv)
+# The modules the fork server of the stream loader preloads (engine.stream_batches.fork_server).
+PRELOADED = ("engine.fork_server_start", "data.streams", "data.tars")
+
+
+def before(folder: Path, tmp: Path) -> SimpleNamespace:
+    """The package copy in `folder`, imported under another name (its imports are relative)."""
+    name = f"before_{PACKAGE}"
+    shutil.copytree(folder, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(tmp))
+    load = importlib.import_module
+    return SimpleNamespace(
+        name=name,
+        tars=load(f"{name}.data.tars"),
+        feeding=load(f"{name}.engine.stream_batches"),
+        DistEnv=load(f"{name}.engine.distributed").DistEnv,
+    )
+
+
+def start_fork_server(packages: list[SimpleNamespace]) -> None:
+    """One fork server with every package's modules, before either's first pass."""
+    modules = [f"{p.name}.{module}" for p in packages for module in PRELOADED]
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", *modules])
+    multiprocessing.forkserver.ensure_running()
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,6 +101,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--consumed", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=None, help="disk to test (default: /tmp)")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an earlier copy of the package, to compare"
+    )
     return parser.parse_args()
 
 
@@ -128,9 +167,9 @@ def plain(dataset: IterableDataset, args: argparse.Namespace, collate: Any = Non
     return seen / (time.perf_counter() - start)
 
 
-def project(dataset: IterableDataset, args: argparse.Namespace) -> float:
-    """Samples per second of the project's stream loader over `dataset`."""
-    batches = make(dataset, args)
+def project(dataset: IterableDataset, args: argparse.Namespace, package: Any = NOW) -> float:
+    """Samples per second of the project's stream loader (of `package`) over `dataset`."""
+    batches = make(dataset, args, package)
     start, seen = time.perf_counter(), 0
     try:
         for batch in batches.iterate():
@@ -140,11 +179,11 @@ def project(dataset: IterableDataset, args: argparse.Namespace) -> float:
     return seen / (time.perf_counter() - start)
 
 
-def make(dataset: IterableDataset, args: argparse.Namespace) -> Any:
-    return feeding.StreamBatches(
+def make(dataset: IterableDataset, args: argparse.Namespace, package: Any = NOW) -> Any:
+    return package.feeding.StreamBatches(
         dataset,
         batch_size=args.batch,
-        denv=DistEnv(),
+        denv=package.DistEnv(),
         seed=0,
         device=torch.device("cpu"),
         num_workers=args.workers,
@@ -209,12 +248,21 @@ def main() -> None:
             "plain": lambda: plain(Readings(n), args),
             "loader": lambda: project(Readings(n), args),
         }
+        groups = [["raw", "tar"], ["plain", "loader"]]
+        if args.before:
+            old = before(args.before, Path(tmp))
+            sides["tar-before"] = lambda: project(old.tars.TarShards(files, decode), args, old)
+            sides["loader-before"] = lambda: project(Readings(n), args, old)
+            groups = [["raw", "tar", "tar-before"], ["plain", "loader", "loader-before"]]
+            if args.workers > 0:
+                start_fork_server([NOW, old])
         for round_ in range(args.rounds):
-            for pair in (("raw", "tar"), ("plain", "loader")):
-                for name in pair if round_ % 2 == 0 else pair[::-1]:
+            for group in groups:
+                turn = round_ % len(group)  # each side first in turn
+                for name in group[turn:] + group[:turn]:
                     speed = sides[name]()
                     best[name] = max(best.get(name, 0.0), speed)
-                    print(f"round {round_} {name:6} {speed:10.0f} samples/s", flush=True)
+                    print(f"round {round_} {name:13} {speed:10.0f} samples/s", flush=True)
     startup_s, epoch_s = resume_startup(args)
     print(
         f"resume after {args.consumed} samples: {startup_s:.2f} s to the first batch; "
@@ -226,6 +274,9 @@ def main() -> None:
         "resume/epoch": startup_s / epoch_s,
     }
     print("  ".join(f"{k}: {v:.2f}" for k, v in ratios.items()) + f" ({args.consumed} samples)")
+    if args.before:
+        tar, loader = best["tar"] / best["tar-before"], best["loader"] / best["loader-before"]
+        print(f"tar now/before: {tar:.3f}  loader now/before: {loader:.3f}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ readonly EXIT_REQUEUE=3
 # src/{{ slug }}/observe/diagnostics.py; a template test keeps them equal), 134 is srun's code for a
 # rank ended by SIGABRT, which is how NCCL's watchdog ends a rank stuck in a collective.
 readonly TRANSIENT_EXITS=" 75 134 "
+# Every other code ends the job with it, no relaunch: 4 (the loss diverged), 5 (no intact
+# checkpoint), 6 (the data failed to read: a damaged file, to repair before the next start).
 readonly PACKAGE={{ q(slug) }}
 # The variable naming the node-local disk where the data is staged (data.node_tmp_var).
 readonly NODE_TMP_VAR={{ q(preset.node_tmp_var) }}

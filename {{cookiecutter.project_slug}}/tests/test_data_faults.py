@@ -21,7 +21,9 @@ import pytest
 from conftest import assert_identical, final_weights, pkg, run_cli, run_ranks
 from toy_tasks import faults
 
-HAS_DATASETS = importlib.util.find_spec("datasets") is not None
+NEEDS_DATASETS = pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None, reason="the datasets extra is not installed"
+)
 ARGS = [
     "run.progress=log",
     "run.figures=false",
@@ -41,9 +43,8 @@ LINE = re.compile(
 
 def kinds() -> list[object]:
     """Every kind; those that need the datasets extra skip without it."""
-    skip = pytest.mark.skip(reason="the datasets extra is not installed")
     return [
-        pytest.param(kind, marks=[skip] if kind.startswith("hf") and not HAS_DATASETS else [])
+        pytest.param(kind, marks=[NEEDS_DATASETS] if kind.startswith("hf") else [])
         for kind in faults.KINDS
     ]
 
@@ -70,15 +71,22 @@ def stopped_on_damage(outs: list[subprocess.CompletedProcess[str]], damaged: Pat
     return int(found["step"])
 
 
+def damaged_run(project: Path, kind: str, processes: int, *args: str) -> tuple[int, Path, bytes]:
+    """Write a kind's files, damage one, train: the checkpoint's step, the file, its content."""
+    data_dir = project / "data"
+    faults.write_files(data_dir, kind)
+    whole = sorted(faults.folder(data_dir, kind).iterdir())[-1].read_bytes()
+    damaged = faults.damage(data_dir, kind).resolve()
+    outs = train(project, processes, f"task.kind={kind}", *args)
+    return stopped_on_damage(outs, damaged), damaged, whole
+
+
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", kinds())
 def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
     project: Path, kind: str, processes: int
 ) -> None:
-    data_dir = project / "data"
-    faults.write_files(data_dir, kind)
-    damaged = faults.damage(data_dir, kind).resolve()
-    step = stopped_on_damage(train(project, processes, f"task.kind={kind}", "run.name=r"), damaged)
+    step, _, _ = damaged_run(project, kind, processes, "run.name=r")
     assert step > 0  # the damage lies two thirds into its file
     saved = pkg("engine.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
     assert saved[-1][0] == step
@@ -93,35 +101,25 @@ def test_a_damaged_validation_file_stops_the_run_after_its_step(
     project: Path, kind: str, processes: int
 ) -> None:
     """Validation at the epoch's end fails: every process stops, the step done is kept."""
-    data_dir = project / "data"
-    faults.write_files(data_dir, kind)
-    damaged = faults.damage(data_dir, kind).resolve()
-    outs = train(project, processes, f"task.kind={kind}", "task.split=val", "run.name=v")
-    step = stopped_on_damage(outs, damaged)
+    step, _, _ = damaged_run(project, kind, processes, "task.split=val", "run.name=v")
     assert step == faults.FILES * faults.ROWS // (8 * processes)  # the whole epoch's steps
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "processes"),
-    [("tar", 2), ("map", 2), pytest.param("hf", 1, marks=kinds()[4].marks)],
+    [("tar", 2), ("map", 2), pytest.param("hf", 1, marks=NEEDS_DATASETS)],
 )
 def test_after_the_repair_the_run_ends_where_an_undamaged_one_does(
     project: Path, kind: str, processes: int
 ) -> None:
     """Exact: every sample used before the stop was read whole, none of the damaged part."""
-    data_dir = project / "data"
-    good = faults.write_files(data_dir, kind)
-    kept = {path: path.read_bytes() for path in good}
-    damaged = faults.damage(data_dir, kind).resolve()
-    args = [f"task.kind={kind}", "run.name=cut"]
-    step = stopped_on_damage(train(project, processes, *args), damaged)
-    for path, content in kept.items():  # repaired: the copy done again
-        path.write_bytes(content)
-    resumed = train(project, processes, *args)
+    step, damaged, whole = damaged_run(project, kind, processes, "run.name=cut")
+    damaged.write_bytes(whole)  # repaired: the copy done again
+    resumed = train(project, processes, f"task.kind={kind}", "run.name=cut")
     assert [out.returncode for out in resumed] == [0] * processes, resumed[0].stdout[-3000:]
     assert f"resumed from step {step} " in resumed[0].stdout
-    whole = train(project, processes, f"task.kind={kind}", "run.name=whole")
-    assert [out.returncode for out in whole] == [0] * processes, whole[0].stdout[-3000:]
+    undamaged = train(project, processes, f"task.kind={kind}", "run.name=whole")
+    assert [out.returncode for out in undamaged] == [0] * processes, undamaged[0].stdout[-3000:]
     runs = project / "runs"
     assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))

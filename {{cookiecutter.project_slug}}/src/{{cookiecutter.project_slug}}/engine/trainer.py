@@ -24,13 +24,7 @@ import torch
 
 from ..config import Config, to_dict, to_toml
 from ..data.failures import ReadError, ReadFailure
-from ..data.processed import (
-    check_same_data,
-    data_files,
-    processed_digest,
-    record_sources,
-    stage,
-)
+from ..data.processed import stage
 from ..errors import CheckpointError, ConfigError, DataError
 from ..observe import provenance
 from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
@@ -49,6 +43,7 @@ from .preemption import (
     stop_message,
 )
 from .rng import rng_state, set_rng_state
+from .run_data import RunData
 from .runtime import (
     billed_gpus,
     configure_backends,
@@ -167,23 +162,29 @@ def _load_checked(
     return task.datasets(data_dir)
 
 
-def _checked_files(
-    folder: Path, sources: list[Path], settings: Settings, denv: distributed.DistEnv
-) -> dict[str, str]:
-    """The run's data files and their sums (rank 0 reads them, every rank gets them).
+def closing_line(
+    outcome: str, stop: StopRequest, run: str, steps: tuple[int, int], idle: bool
+) -> str:
+    """What the end of a segment says ("" for a finished one).
 
-    A file that differs from the source record is refused on every rank, in the same line.
+    `steps`: the step reached and the newest checkpoint's (-1: none); `idle`: resumed, and
+    no step done.
     """
-    found, problem = None, None
-    if denv.is_main:
-        try:
-            found = data_files(folder, sources, settings)
-        except DataError as err:
-            problem = str(err)
-    found, problem = distributed.broadcast_object((found, problem))
-    if problem:
-        raise DataError(problem)
-    return dict(found)
+    step, saved = steps
+    if outcome == "diverged":
+        kept = f"step {saved}" if saved >= 0 else "none"
+        return (
+            f"error: the loss or the weights became NaN/inf by step {step}; stopped with "
+            f"exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
+            "(lower train.lr, or raise train.nonfinite_patience)"
+        )
+    lines = {
+        "stop": stop_message(stop.signal_name, step, run),
+        "segment": f"segment done at step {step}; the next start resumes",
+        "pruned": f"run {run}: pruned at step {step} (the sweep's pruner)",
+        "": f"run {run}: already finished at step {step}" if idle else "",
+    }
+    return lines.get(outcome, "")
 
 
 class Trainer:
@@ -224,7 +225,7 @@ class Trainer:
         # Batches of an epoch, per process; a stream's epoch ends when it runs out.
         spe = self.steps_per_epoch
         self.epoch_batches = spe * self.accum if spe is not None else math.inf
-        self.data_digest = processed_digest(task.processed_dir)  # the SHA256SUMS of prepare
+        self.data = RunData(task, datasets.train, settings, denv)  # digests, the source record
 
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         self.strategy = strategy.create(cfg, denv, device)  # ddp or fsdp: nothing else knows
@@ -314,12 +315,7 @@ class Trainer:
     def resume(self) -> bool:
         """Load the newest checkpoint of this run, if any; return whether one was found."""
         self.window = TrainScalars(self.device, self.update.scalars)
-        self.sources: list[Path] = getattr(
-            self.datasets.train, "source_files", list
-        )()  # a stream's
-        self.data_files = _checked_files(
-            self.task.processed_dir, self.sources, self.settings, self.denv
-        )
+        self.data.check()
         if self.denv.is_main:
             checkpoint.remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
@@ -337,16 +333,7 @@ class Trainer:
                 f"task.name: run {self.name} was trained with task "
                 f"{state['config']['task']['name']!r}, not {self.task.name!r}: use another run.name"
             )
-        files = (state.get("data_files"), self.data_files)
-        repaired = read_stop.repaired(self.run_dir)  # the files its data stop asked to repair
-        check_same_data(
-            state.get("data"),
-            self.data_digest,
-            self.name,
-            self.task.processed_dir,
-            files,
-            repaired=repaired,
-        )
+        self.data.same_as(state, self.name, self.run_dir)
         if state.get("strategy", "ddp") != self.strategy.name:
             raise CheckpointError(
                 f"dist.strategy: run {self.name}'s checkpoint was written with "
@@ -430,8 +417,7 @@ class Trainer:
             "world_size": self.denv.world_size,
             "batch_size": self.cfg.train.batch_size,
             "config": to_dict(self.cfg),
-            "data": self.data_digest,
-            "data_files": self.data_files,
+            **self.data.checkpointed(),
             "best": self.best,
             "seconds": self.run_seconds(),
             "tracker": self.metrics.tracker_state() if self.metrics else None,
@@ -546,7 +532,7 @@ class Trainer:
                 self.run_dir,
                 self.settings.project_root,
                 os.environ,
-                self.data_digest,
+                self.data.digest,
                 self.pos.step,
             )
             lr_names = [name.removeprefix("lr_") for name in self.update.lrs() if name != "lr"]
@@ -584,22 +570,15 @@ class Trainer:
         saves = outcome != "diverged" and (outcome != "data" or segment_steps > 0)
         if saves and not self.save_checkpoint():  # no-op when saved already
             outcome = "diverged"
-        found = distributed.gather_objects(failure) if outcome == "data" else []
-        damaged = read_stop.damaged(found, self.data_files, self.settings.data_dir)
-        read_well = self.denv.is_main and outcome != "data"  # a stream's files: sources.py
-        if read_well and (
-            line := record_sources(self.task.processed_dir, self.sources, self.settings)
-        ):
-            self.say(line)
+        kept = (self.saved_step, segment_steps)
+        said, damaged = self.data.ended(failure, outcome == "data", self.run_dir, kept)
         self.checkpoints.barrier()  # a background save is complete before the run reports
         if not outcome and self.cfg.run.figures and not self.last_sums:
             self.validate()  # a finished run started again: its figures need the sums
-        if self.denv.is_main and outcome == "data":  # the tracebacks go to errors.log
-            self.say(
-                read_stop.report(found, self.run_dir, self.name, self.saved_step, segment_steps)
-            )
-        elif line := self.outcome_line(outcome, stop, resumed and segment_steps == 0):
-            self.say(line)
+        steps, idle = (self.pos.step, self.saved_step), resumed and segment_steps == 0
+        for line in (said, closing_line(outcome, stop, self.name, steps, idle)):
+            if line:
+                self.say(line)
         status = {"stop": "stopped", "segment": "segment", "data": "data-failed"}.get(
             outcome, outcome or "finished"
         )  # and "diverged" and "pruned" (a sweep's pruner) stay as they are
@@ -623,24 +602,6 @@ class Trainer:
         codes = {"stop": EXIT_REQUEUE, "diverged": EXIT_DIVERGED, "data": read_stop.EXIT_DATA}
         code = codes.get(outcome, 0)
         return Result(code, self.run_dir, summary)
-
-    def outcome_line(self, outcome: str, stop: StopRequest, idle: bool) -> str:
-        """What the end of a segment says ("" for a finished one); `idle`: resumed, no step."""
-        step = self.pos.step
-        if outcome == "diverged":
-            kept = f"step {self.saved_step}" if self.saved_step >= 0 else "none"
-            return (
-                f"error: the loss or the weights became NaN/inf by step {step}; stopped with "
-                f"exit {EXIT_DIVERGED}, the last finite checkpoint is {kept} "
-                "(lower train.lr, or raise train.nonfinite_patience)"
-            )
-        lines = {
-            "stop": stop_message(stop.signal_name, step, self.name),
-            "segment": f"segment done at step {step}; the next start resumes",
-            "pruned": f"run {self.name}: pruned at step {step} (the sweep's pruner)",
-            "": f"run {self.name}: already finished at step {step}" if idle else "",
-        }
-        return lines.get(outcome, "")
 
     def _loop(self, progress: Progress, stop: StopRequest) -> tuple[str, int]:
         """Epochs and steps: the outcome ("", "stop", "segment", "diverged") and steps done."""

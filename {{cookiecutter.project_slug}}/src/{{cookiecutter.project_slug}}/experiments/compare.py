@@ -9,6 +9,8 @@ GPU hours over all segments (`summary.json`'s `whole_run`) and a status:
 - stopped: checkpointed after a stop signal or at a segment's end; it continues where it
   stopped when it is started again (the requeue, the next job of a chain, a resubmission);
 - diverged: stopped by a NaN/inf loss;
+- data-failed: stopped because its data failed to read (a damaged file); its last good step
+  is checkpointed, and it continues from there once the file is repaired;
 - running: a process holds the run directory's lock now;
 - failed: no report, and nothing holds the lock (killed or crashed before its first report).
 

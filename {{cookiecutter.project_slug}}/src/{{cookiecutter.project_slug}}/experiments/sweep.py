@@ -368,12 +368,15 @@ class TrialListener:
         return self.space.pruner != "none" and bool(self.trial.should_prune())
 
     def ended(self, summary: Mapping[str, Any]) -> None:
-        """finished: the metric's last value; pruned; diverged: failed; else still running."""
+        """Tell the study how the trial ended (a status it does not know: still running).
+
+        finished: the metric's last value; pruned; diverged or data-failed: failed.
+        """
         states = _optuna().trial.TrialState
         status = summary["status"]
         if status == "finished":
             self.study.tell(self.trial.number, summary[f"val_{self.space.metric}"])
-        elif status in {"pruned", "diverged"}:
+        elif status in {"pruned", "diverged", "data-failed"}:
             state = states.PRUNED if status == "pruned" else states.FAIL
             self.study.tell(self.trial.number, state=state)
 
