@@ -33,8 +33,8 @@ from torch.utils.data import get_worker_info
 
 from ..errors import DataError, first_line
 
-# Opened while reading, yet not data: code, and files below Python's own folders.
 KEPT = 64  # the files a process opened last, newest first, for a reader to check
+# Opened while reading, yet not data: code, and files below Python's own folders.
 _NOT_DATA_SUFFIXES = (".py", ".pyc", ".so", ".pth")
 _NOT_DATA_FOLDERS = tuple({str(Path(p)) + os.sep for p in (sys.prefix, sys.base_prefix)})
 

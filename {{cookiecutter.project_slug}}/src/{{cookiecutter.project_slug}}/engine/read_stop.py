@@ -54,9 +54,11 @@ def damaged(failures: list[ReadFailure | None], files: dict[str, str], data_dir:
     """The names in `files` (the run's `data_files`) of the files that `failures` name."""
     named = []
     for name in files:
-        path = Path(name) if name.startswith("/") else data_dir / name
+        path = (Path(name) if name.startswith("/") else data_dir / name).resolve()
         for failure in filter(None, failures):
-            if str(path) in failure.cause or (failure.file and Path(failure.file) == path):
+            if str(path) in failure.cause or (
+                failure.file and Path(failure.file).resolve() == path
+            ):
                 named.append(name)
                 break
     return named
