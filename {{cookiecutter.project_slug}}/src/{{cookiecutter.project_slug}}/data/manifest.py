@@ -17,12 +17,10 @@ import posixpath
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-T = TypeVar("T")
+    from collections.abc import Mapping
 
 # The command users type: the package, whatever wing this module sits in.
 PROGRAM = (__package__ or "").partition(".")[0]
@@ -68,19 +66,13 @@ def _format(header: tuple[str, ...], rows: Mapping[str, str], kind: str) -> str:
 
 
 def _parse(
-    text: str,
-    source: str,
-    header: tuple[str, ...],
-    line: re.Pattern[str],
-    entry: Callable[[re.Match[str]], T],
-    *,
-    absolute: bool,
-) -> dict[str, T]:
-    """``{path: entry(match of its line)}``; ``absolute``: whether a path may be absolute."""
+    text: str, source: str, header: tuple[str, ...], line: re.Pattern[str], *, absolute: bool
+) -> dict[str, re.Match[str]]:
+    """``{path: the match of its line}``; ``absolute``: whether a path may be absolute."""
     lines = text.splitlines()
     if not lines or tuple(lines[0].split("\t")) != header:
         raise RawDataError(f"{source}:1: header must be {' '.join(header)!r} (tab-separated)")
-    entries: dict[str, T] = {}
+    entries: dict[str, re.Match[str]] = {}
     for number, row in enumerate(lines[1:], start=2):
         match = line.fullmatch(row)
         if match is None:
@@ -91,7 +83,7 @@ def _parse(
         if outside or rel == "." or ".." in rel.split("/") or rel in entries:
             what = "escapes or repeats" if absolute else "is absolute, escapes or repeats"
             raise RawDataError(f"{source}:{number}: path {rel!r} {what}")
-        entries[rel] = entry(match)
+        entries[rel] = match
     return entries
 
 
@@ -103,11 +95,8 @@ def format_manifest(entries: Mapping[str, Entry]) -> str:
 
 def parse_manifest(text: str, source: str) -> dict[str, Entry]:
     """Parse raw-data manifest text; ``source`` names the file in error messages."""
-    return _parse(text, source, HEADER, _LINE, _raw_entry, absolute=False)
-
-
-def _raw_entry(match: re.Match[str]) -> Entry:
-    return Entry(int(match[2]), int(match[3], 8), match[4])
+    matches = _parse(text, source, HEADER, _LINE, absolute=False)
+    return {rel: Entry(int(m[2]), int(m[3], 8), m[4]) for rel, m in matches.items()}
 
 
 def format_sources(entries: Mapping[str, Source]) -> str:
@@ -118,11 +107,8 @@ def format_sources(entries: Mapping[str, Source]) -> str:
 
 def parse_sources(text: str, source: str) -> dict[str, Source]:
     """Parse source-record text; ``source`` names the file in error messages."""
-    return _parse(text, source, SOURCES_HEADER, _SOURCES_LINE, _source, absolute=True)
-
-
-def _source(match: re.Match[str]) -> Source:
-    return Source(int(match[2]), match[3])
+    matches = _parse(text, source, SOURCES_HEADER, _SOURCES_LINE, absolute=True)
+    return {name: Source(int(m[2]), m[3]) for name, m in matches.items()}
 
 
 def _read_text(path: Path) -> str:

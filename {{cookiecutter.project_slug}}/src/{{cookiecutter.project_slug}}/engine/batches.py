@@ -183,18 +183,22 @@ class Collating:
             return failures.caught(err, self.rank)
 
 
-def read_batches(live: Iterator[Any], rank: int) -> Iterator[Batch]:
-    """A DataLoader's batches; `ReadError` where one failed (in a worker or in the loader)."""
-    while True:
-        try:
-            batch = next(live)
-        except StopIteration:
-            return
-        except Exception as err:  # the loader's own: a worker killed, a batch it cannot send
-            raise ReadError(failures.from_loader(err, rank)) from err
-        if isinstance(batch, ReadFailure):
-            raise ReadError(batch)
-        yield batch
+_END = object()  # what `next` gives for a DataLoader's pass that has ended
+
+
+def read_batches(live: Iterator[Any], rank: int) -> Iterator[Batch | ReadFailure]:
+    """A DataLoader's batches; in place of one that failed its `ReadFailure`, and no more.
+
+    The failure comes from a worker (`SeededSamples`, `Collating`) or from the loader itself
+    (a worker killed, a batch it cannot send).
+    """
+    try:
+        for batch in live:
+            yield batch
+            if isinstance(batch, ReadFailure):
+                return
+    except Exception as err:  # the loader's own
+        yield failures.from_loader(err, rank)
 
 
 class EpochBatches(Sampler[BatchKey]):
@@ -335,9 +339,11 @@ class LoaderBatches:
         self.live = iter(self.loader)  # persistent: the same iterator (and workers) each pass
         batches = read_batches(self.live, self.denv.rank)
         for batch in self._agreed(batches) if self.sampler.train else batches:
+            if isinstance(batch, ReadFailure):  # evaluation's: split_sums tells the others
+                raise ReadError(batch)
             yield to_device(batch, self.device)
 
-    def _agreed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+    def _agreed(self, batches: Iterator[Batch | ReadFailure]) -> Iterator[Batch]:
         """Whole groups of `batches` while every process can read its own (see the class)."""
         several = self.denv.distributed
         reach = self.group * (2 if several else 1)  # batches read ahead of the group in use
@@ -347,12 +353,13 @@ class LoaderBatches:
         first, more = True, True
         while ahead or more:
             while more and failure is None and len(ahead) < reach:
-                try:
-                    ahead.append(next(batches))
-                except StopIteration:
+                batch = next(batches, _END)
+                if isinstance(batch, ReadFailure):
+                    failure = batch
+                elif batch is _END:
                     more = False
-                except ReadError as failed:
-                    failure = failed.failure
+                else:
+                    ahead.append(batch)
             short = failure is not None and len(ahead) < self.group  # this group failed
             stop = short
             if several:  # the first group is agreed at once; later ones a group late
