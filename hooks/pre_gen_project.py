@@ -63,6 +63,7 @@ PRESETS_SHA256 = "d9aa7cd47331cc7f3d9930463a5eabf534dccb04c4bfe93ce3aa5a245f6862
 # fmt: off
 INSTALLED_MODULES: dict[str, str] = {
     "absl": "absl-py",
+    "accelerate": "accelerate",
     "alembic": "alembic",
     "annotated_doc": "annotated-doc",
     "annotated_types": "annotated-types",
@@ -170,6 +171,7 @@ INSTALLED_MODULES: dict[str, str] = {
     "pandas": "pandas",
     "parso": "parso",
     "pathspec": "pathspec",
+    "peft": "peft",
     "pexpect": "pexpect",
     "pip": "pip",
     "platformdirs": "platformdirs",

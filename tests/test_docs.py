@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -127,63 +129,394 @@ def documents(bakes: dict[str, Bake]) -> dict[str, tuple[Path, str]]:
 COMMANDS = {"bash", "sh", "console", "shell"}  # blocks of commands (``text`` shows output)
 RUN_MARK = "<!-- run -->"
 NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
+# A test a marker names: `tests/<file>.py` is one of the page's own suite (the project's in a
+# generated project, the template's in the template); one of the other suite says whose it
+# is, `template test tests/<file>.py` (the reader of a project has no template at hand) or
+# `project test tests/<file>.py` (a generated project's test, named in the template's docs).
+NAMED_TEST = re.compile(r"(?:(template|project) test )?(tests/\w+\.py)")
+# What no named test runs, at the end of the marker: `not tested: ITEM, ITEM`, each item a
+# command (`make container`) or a flag with its value (`--device cuda`); the reason is the
+# marker's <why>.
+NOT_TESTED = re.compile(r"\bnot tested: ([^;]+)$")
+# The test that runs the pages' `<!-- run -->` blocks: a command of a marker naming it is
+# covered by a run block that shows the same command.
+TUTORIAL_TEST = "test_docs_tutorial.py"
+# The programs of the template and the project whose lines a marker's test must run: the
+# project's command, make, the template's engines and the scripts they ship. Anything else
+# (pip, git, module, squeue, apptainer, pytest, ...) is the system's or the cluster's.
+ENGINES = {"cookiecutter", "copier", "cruft"}
+SCRIPT = re.compile(r"(?:\S*/)?(?:slurm|benchmarks|tools|container)/[\w.-]+|\S+\.(?:sh|sbatch|py)")
+# Flags whose value is the reader's own (a run, a job or a folder of theirs, a time or memory
+# request, the answers of a bake): a test gives its own, so only the flag must match.
+OWN_VALUES = {"--run", "--name", "--dir", "--local-dir", "--output-dir", "--out", "--time"}
+OWN_VALUES |= {"--mem", "--checkout", "--data", "--extra-context"}
 
 
-def unaccounted_blocks(text: str, roots: list[Path]) -> list[str]:
-    """Command blocks that neither run in the tests nor say why not and which test covers them.
+def _placeholder(token: str) -> bool:
+    return any(mark in token for mark in ("<", ">", "[", "]", "…", "...", "$"))
 
-    A block runs when `<!-- run -->` comes before it (tests/test_docs_tutorial.py runs those
-    pages). Otherwise `<!-- not run: <why>; <the test covering it> -->` must: the test named
-    as `tests/<file>.py`, found below one of `roots` (the template, or the project).
+
+Flag = tuple[str, str | None]  # a flag or variable, with the value a test must give it
+
+
+def _reader_owns(name: str, value: str) -> bool:
+    """True for a value of the reader's own: a placeholder, a path, or one of OWN_VALUES."""
+    return name in OWN_VALUES or _placeholder(value) or re.search(r"[/~]", value) is not None
+
+
+def flags_of(args: list[str]) -> list[Flag]:
+    """The flags of a command line, each with its value unless the value is the reader's own.
+
+    A word after a flag is its value unless it is a flag or an override itself.
+    """
+    found: list[Flag] = []
+    for i, word in enumerate(args):
+        if not word.startswith("-") or _placeholder(word):
+            continue
+        name, has_value, value = word.partition("=")
+        if not has_value and i + 1 < len(args) and not re.match(r"-|[\w.]+=", args[i + 1]):
+            value = args[i + 1]
+        found.append((name, value if value and not _reader_owns(name, value) else None))
+    return found
+
+
+def own_command(words: list[str]) -> tuple[tuple[str, ...], list[Flag]] | None:
+    """(what names the command, the flags a test must pass) of a line of ours, else None.
+
+    The name is the project's subcommand (`data freeze`), `make` and its target, an engine
+    and its subcommand, or a script's file name; the flags include make's variables (and the
+    flags inside `ARGS`) and what sbatch hands the script: `--array` and the variables of
+    `--export` (its other options ask the cluster for resources).
+    """
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # VAR=value before the command
+        words = words[1:]
+    needed: list[Flag] = []
+    if words[:1] == ["sbatch"]:
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            option, _, value = words.pop(0).partition("=")
+            needed += [(option, None)] if option == "--array" else []
+            for item in value.split(",")[1:] if option == "--export" else []:
+                variable, _, given = item.partition("=")
+                needed.append((variable, None if _reader_owns(variable, given) else given))
+    if words and (words[0] in {"python", "python3", "bash"} or words[0].endswith("/python")):
+        words = words[2:] if words[1:2] == ["-m"] else words[1:]
+    if not words:
+        return None
+    program, rest = words[0], words[1:]
+    if program in SLUGS:
+        name = rest[:2] if rest[:1] == ["data"] else rest[:1]
+        return tuple(name), needed + flags_of(rest)
+    if program == "make":
+        target = [w for w in rest if re.fullmatch(r"[a-z][\w-]*", w)][:1]
+        for word in rest:
+            variable, is_value, value = word.partition("=")
+            if is_value and re.fullmatch(r"[A-Z_]+", variable):
+                needed.append((variable, None))
+                needed += flags_of(shlex.split(value)) if variable == "ARGS" else []
+        return ("make", *target), needed
+    if program in ENGINES:
+        sub = rest[:1] if program != "cookiecutter" and not rest[0].startswith("-") else []
+        return (program, *sub), needed + flags_of(rest)
+    if SCRIPT.fullmatch(program):
+        return (Path(program).name,), needed + flags_of(rest)
+    return None
+
+
+def _words(text: str) -> set[str]:
+    """A string of a test as the words it may pass: itself, its shell words and their parts.
+
+    `--flag=value`, `VAR=value` and `ALL,VAR=value` give their parts, a path its file name.
+    """
+    try:
+        split = shlex.split(text)
+    except ValueError:
+        split = text.split()
+    found = {text}
+    for word in split:
+        found |= {word, *re.split(r"[=,]", word), word.rsplit("/", 1)[-1]}
+    return found - {""}
+
+
+def _code(node: ast.AST) -> tuple[set[str], set[str]]:
+    """(the words a piece of code passes on, the names it refers to).
+
+    Words are its strings and keyword names (`LAUNCHER="torchrun"` hands a variable on).
+    """
+    words: set[str] = set()
+    names: set[str] = set()
+    for part in ast.walk(node):
+        if isinstance(part, ast.Constant) and isinstance(part.value, str):
+            words |= _words(part.value)
+        elif isinstance(part, ast.keyword) and part.arg:
+            words.add(part.arg)
+        elif isinstance(part, ast.Name):
+            names.add(part.id)
+        elif isinstance(part, ast.Attribute):
+            names.add(part.attr)
+    return words, names
+
+
+@functools.cache
+def passed_words(path: Path) -> tuple[frozenset[str], ...]:
+    """The words each function of a test file passes on, with those of what it uses.
+
+    A function uses the functions and module constants it names: its file's, conftest.py's
+    and those of the modules beside it that the file imports (the argv a helper builds is
+    the test's). Its decorators count too (a parametrize that names the scripts).
+    """
+    tree = ast.parse(path.read_text("utf-8"))
+    modules = [path, path.parent / "conftest.py"]
+    for node in ast.walk(tree):
+        imported = [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+        imported += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        modules += [path.parent / f"{name.replace('.', '/')}.py" for name in imported if name]
+    functions: dict[str, list[tuple[set[str], set[str]]]] = {}
+    constants: dict[str, tuple[set[str], set[str]]] = {}
+    own: list[str] = []
+    for module in dict.fromkeys(m for m in modules if m.is_file()):
+        module_tree = tree if module == path else ast.parse(module.read_text("utf-8"))
+        for node in ast.walk(module_tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions.setdefault(node.name, []).append(_code(node))
+                own += [node.name] if module == path else []
+        for node in module_tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets += [node.target] if isinstance(node, ast.AnnAssign) else []
+            constants.update({t.id: _code(node) for t in targets if isinstance(t, ast.Name)})
+    calls = []
+    for function in dict.fromkeys(own):
+        words: set[str] = set()
+        seen, todo = set(), [function]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for found, names in [*functions.get(name, []), constants.get(name, (set(), set()))]:
+                words |= found
+                todo += names
+        calls.append(frozenset(words))
+    return tuple(calls)
+
+
+def runs_it(words: frozenset[str], name: tuple[str, ...], flags: list[Flag]) -> bool:
+    """True when one test function's words hold the command's name and every flag.
+
+    A pattern among the words (`bench_*.py`, a glob over scripts) names what it matches.
+    """
+    patterns = [w for w in words if "*" in w and not w.startswith("*")]
+
+    def named(part: str) -> bool:
+        return part in words or any(fnmatch.fnmatchcase(part, p) for p in patterns)
+
+    given = all(flag in words and (value is None or value in words) for flag, value in flags)
+    return all(map(named, name)) and given
+
+
+def marked_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(line, marker, commands) of every command block: the marker is the line before it.
+
+    In a `console` block the commands are the lines after `$ `; the rest is their output.
     """
     lines = text.splitlines()
-    problems = []
+    found = []
     for i, line in enumerate(lines):
         opening = line.strip()
         if not opening.startswith("```") or opening[3:].strip() not in COMMANDS:
             continue
         marker = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        indent = len(line) - len(line.lstrip())
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+        body = [ln[indent:] for ln in lines[i + 1 : end]]
+        if opening[3:].strip() == "console":
+            body = [ln[2:] for ln in body if ln.startswith("$ ")]
+        found.append((i + 1, marker, "\n".join(body)))
+    return found
+
+
+def named_tests(reason: str, own: Path, project: Path) -> tuple[list[Path], list[str]]:
+    """The test files a marker's reason names, and what is wrong with the names.
+
+    A plain `tests/<file>.py` is below `own` (the template, or the page's project); after
+    `template test ` it is the template's, after `project test ` the project's (the page's,
+    or the default bake's for the template's pages).
+    """
+    suites = {"template": ROOT, "project": project}
+    paths, problems = [], []
+    for whose, name in NAMED_TEST.findall(reason):
+        path = suites.get(whose, own) / name
+        elsewhere = [w for w, root in suites.items() if root != own and (root / name).is_file()]
+        if path.is_file():
+            paths.append(path)
+        elif not whose and elsewhere:
+            problems.append(f"{name} is the {elsewhere[0]}'s: `{elsewhere[0]} test {name}`")
+        else:
+            problems.append(f"{name} does not exist")
+    return paths, problems
+
+
+def runs_in(
+    tests: list[Path], ran: list[list[str]], name: tuple[str, ...], flags: list[Flag]
+) -> bool:
+    """True when a function of one of `tests` runs the command with these flags.
+
+    Also when tests/test_docs_tutorial.py is among them and a run block (`ran`) shows it.
+    """
+    if any(runs_it(words, name, flags) for test in tests for words in passed_words(test)):
+        return True
+    shown = [own_command(r) for r in ran] if any(t.name == TUTORIAL_TEST for t in tests) else []
+    return any(s and s[0] == name and set(flags) <= set(s[1]) for s in shown)
+
+
+def unaccounted_blocks(text: str, own: Path, project: Path, ran: list[list[str]]) -> list[str]:
+    """Command blocks that neither run in the tests nor name tests that run their commands.
+
+    A block runs when `<!-- run -->` comes before it (tests/test_docs_tutorial.py runs those
+    pages, `ran` their commands). Otherwise `<!-- not run: <why>; <the tests> -->` must, its
+    tests named as `named_tests` reads them; each command of ours in the block (`own_command`)
+    is run with the same name and flags by one of them (`runs_in`), or the marker ends with
+    `not tested: <command or flag>, ...`, and each of those is in the block.
+    """
+    problems = []
+    for line, marker, body in marked_blocks(text):
         if marker == RUN_MARK:
             continue
         if not (reason := NOT_RUN.fullmatch(marker)):
-            problems.append(f"line {i + 1}: neither <!-- run --> nor <!-- not run: ... -->")
+            problems.append(f"line {line}: neither <!-- run --> nor <!-- not run: ... -->")
             continue
-        named = re.findall(r"tests/\w+\.py", reason.group(1))
-        if not named:
-            problems.append(f"line {i + 1}: the reason names no test (tests/<file>.py)")
-        problems += [
-            f"line {i + 1}: {name} does not exist"
-            for name in named
-            if not any((root / name).is_file() for root in roots)
+        tests, wrong = named_tests(reason.group(1), own, project)
+        if not NAMED_TEST.search(reason.group(1)):
+            wrong.append("the reason names no test (tests/<file>.py)")
+        untested = NOT_TESTED.search(reason.group(1))
+        items = [item.split() for item in untested.group(1).split(",")] if untested else []
+        excused: list[list[str]] = []
+        for words in shell_commands(body):
+            if not (command := own_command(words)):
+                continue
+            name, flags = command
+            if whole := [i for i in items if (own_command(i) or ((),))[0] == name]:
+                excused += whole
+                continue
+            excused += [i for i in items if any(i[0] == flag for flag, _ in flags)]
+            left = [f for f in flags if not any(i[0] == f[0] for i in items)]
+            if not runs_in(tests, ran, name, left):
+                wanted = " ".join([*name, *(f"{f} {v}" if v else f for f, v in left)])
+                wrong.append(f"no test it names runs `{wanted}` ({' '.join(words)})")
+        wrong += [
+            f"`not tested: {' '.join(i)}` is no command or flag of the block"
+            for i in items
+            if i not in excused
         ]
+        problems += [f"line {line}: {problem}" for problem in wrong]
     return problems
+
+
+def run_block_commands(pages: dict[str, tuple[Path, str]]) -> list[list[str]]:
+    """The commands of every `<!-- run -->` block of these pages."""
+    return [
+        words
+        for _, text in pages.values()
+        for _, marker, body in marked_blocks(text)
+        if marker == RUN_MARK
+        for words in shell_commands(body)
+    ]
+
+
+def checked_pages(bakes: dict[str, Bake]) -> dict[str, tuple[Path, str]]:
+    """The pages whose markers are checked: the docs, and the READMEs of data/ and slurm/."""
+    pages = documents(bakes)
+    for name, baked in bakes.items():
+        for readme in ("data/README.md", "slurm/README.md"):
+            path = baked.project / readme
+            pages[f"{name}:{readme}"] = (path, path.read_text("utf-8"))
+    return pages
 
 
 def test_every_command_block_runs_or_says_why(bakes: dict[str, Bake]) -> None:
     """Docs as tests: each command block of every page (template and projects) is accounted for."""
-    pages = documents(bakes)
-    for name, baked in bakes.items():
-        data = baked.project / "data" / "README.md"
-        pages[f"{name}:data/README.md"] = (data, data.read_text("utf-8"))
+    pages = checked_pages(bakes)
+    ran = run_block_commands(pages)
     problems = []
     for name, (path, text) in pages.items():
-        project = next((b.project for b in bakes.values() if path.is_relative_to(b.project)), ROOT)
-        problems += [f"{name} {p}" for p in unaccounted_blocks(text, [ROOT, project])]
+        baked = next((b.project for b in bakes.values() if path.is_relative_to(b.project)), None)
+        project = baked or bakes["default"].project
+        problems += [f"{name} {p}" for p in unaccounted_blocks(text, baked or ROOT, project, ran)]
     assert not problems, "\n".join(problems)
 
 
 def test_a_block_without_its_reason_or_test_is_found() -> None:
     fence = ["```bash", "make x", "```"]
-    assert unaccounted_blocks("\n".join(fence), [ROOT]) == [
+    assert unaccounted_blocks("\n".join(fence), ROOT, ROOT, []) == [
         "line 1: neither <!-- run --> nor <!-- not run: ... -->"
     ]
     vague = "\n".join(["<!-- not run: needs a cluster -->", *fence])
     no_test = "line 2: the reason names no test (tests/<file>.py)"
-    assert unaccounted_blocks(vague, [ROOT]) == [no_test]
-    gone = "\n".join(["<!-- not run: cluster; tests/test_gone.py -->", *fence])
-    assert unaccounted_blocks(gone, [ROOT]) == ["line 2: tests/test_gone.py does not exist"]
-    fine = "\n".join(["<!-- not run: cluster; tests/test_docs.py -->", *fence, RUN_MARK, *fence])
-    assert unaccounted_blocks(fine, [ROOT]) == []
+    assert no_test in unaccounted_blocks(vague, ROOT, ROOT, [])
+    gone = "\n".join(["<!-- not run: cluster; tests/test_gone.py -->", "```bash", "ls", "```"])
+    assert unaccounted_blocks(gone, ROOT, ROOT, []) == ["line 2: tests/test_gone.py does not exist"]
+    fine = "\n".join(["<!-- not run: cluster; tests/test_docs.py -->", "```bash", "ls", "```"])
+    assert unaccounted_blocks("\n".join([fine, RUN_MARK, *fence]), ROOT, ROOT, []) == []
+
+
+FAKE_TEST = """
+import pytest
+from pathlib import Path
+
+def cli(*args): ...
+def run_make(target, **values): return ["make", target, *values]
+
+def test_export():
+    cli("export", "--run", "mine", "--weights", "best")
+
+def test_compare():
+    run_make("compare", ARGS="'lr-*' --metric accuracy")
+
+@pytest.mark.parametrize("script", Path("benchmarks").glob("bench_*.py"))
+def test_benchmarks(script):
+    cli(str(script), "--help")
+"""
+
+
+def test_a_marker_names_tests_that_run_its_commands(tmp_path: Path) -> None:
+    """Each command of ours in a `not run` block: its name and flags in a named test's source."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_fake.py").write_text(FAKE_TEST, "utf-8")
+
+    def check(reason: str, *lines: str, ran: list[list[str]] | None = None) -> list[str]:
+        page = [f"<!-- not run: {reason} -->", "```bash", *lines, "```"]
+        return unaccounted_blocks("\n".join(page), tmp_path, tmp_path, ran or [])
+
+    named = "a GPU run; tests/test_fake.py"
+    assert check(named, "my_hpc_project export --run lm-fsdp --weights best") == []
+    dtype = "my_hpc_project export --run lm-fsdp --weights best --dtype bf16"
+    assert check(named, dtype) == [
+        f"line 2: no test it names runs `export --run --weights best --dtype bf16` ({dtype})"
+    ]
+    assert check(named, "my_hpc_project export --weights final")[0].startswith("line 2: no test")
+    assert check(f"{named}; not tested: --dtype bf16", dtype) == []
+    assert check(f"{named}; not tested: --lightning", dtype) == [
+        f"line 2: no test it names runs `export --run --weights best --dtype bf16` ({dtype})",
+        "line 2: `not tested: --lightning` is no command or flag of the block",
+    ]
+    # make's variables, the flags inside ARGS as typed, and a command named not tested
+    assert check(named, """make compare ARGS="'4711_*' --metric accuracy" """) == []
+    assert check(named, 'make compare ARGS="--metric loss"')[0].startswith("line 2: no test")
+    assert check(named, "make compare JSON=1")[0].startswith("line 2: no test")
+    assert check(f"{named}; not tested: make container", "make container") == []
+    # a glob over scripts in a test names each script it matches
+    assert check(named, "python benchmarks/bench_lm.py") == []
+    assert check(named, "python benchmarks/bench_lm.py --device cuda")[0].startswith("line 2: no")
+    # a test of the template named from a project's page says so, and then counts
+    assert check("x; tests/test_docs.py", "ls") == [
+        "line 2: tests/test_docs.py is the template's: `template test tests/test_docs.py`"
+    ]
+    assert check("x; template test tests/test_docs.py", "ls") == []
+    # the tutorial's test runs the run blocks: one showing the command covers it
+    tutorial = "x; template test tests/test_docs_tutorial.py"
+    shown = ["my_hpc_project", "frobnicate", "--quick"]
+    assert check(tutorial, " ".join(shown), ran=[shown]) == []
+    assert check(tutorial, " ".join(shown))[0].startswith("line 2: no test")
 
 
 # --------------------------------------------------------------------------- the site
@@ -407,10 +740,6 @@ def probe_cli(project: Path, argvs: list[list[str]]) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _placeholder(token: str) -> bool:
-    return any(mark in token for mark in ("<", ">", "[", "]", "…", "...", "$"))
 
 
 def shown_cli_calls(text: str) -> tuple[set[str], list[list[str]]]:

@@ -348,14 +348,20 @@ def test_cluster_output_shown_matches_the_code(default_bake: Bake) -> None:
 HOWTOS = sorted(p for p in (ROOT / "docs" / "howto").glob("*.md") if RUN in p.read_text("utf-8"))
 
 
-def run_page(page: Path, template: Path, default_bake: Bake, tmp_path: Path) -> None:
-    """Run a page's blocks in a copy of the default bake (the page may be the bake's own)."""
+def run_page(
+    page: Path, template: Path, default_bake: Bake, tmp_path: Path, before: str = ""
+) -> None:
+    """Run a page's blocks in a copy of the default bake (the page may be the bake's own).
+
+    ``before``: commands a reader may have run in the project before the page (as line 0).
+    """
     project = tmp_path / default_bake.project.name
     shutil.copytree(default_bake.project, project, symlinks=True)
     if page.is_relative_to(default_bake.project):
         page = project / page.relative_to(default_bake.project)
     steps = parse_steps(page.read_text("utf-8"))
     assert steps, f"{page.name}: no runnable blocks"
+    steps = [Step(0, "before the page", before), *steps] if before else steps
     runner = Tutorial(template, tmp_path, steps, project)
     for index, step in enumerate(steps):
         done = runner.run_through(index)
@@ -403,8 +409,15 @@ def test_generated_sweep_guide_runs_as_shown(
 def test_generated_tutorial_runs_as_shown(
     template: Path, default_bake: Bake, tmp_path: Path
 ) -> None:
-    """The project's own tutorial (docs/tutorial.md): prepare, train, stop, resume, compare."""
-    run_page(default_bake.project / "docs" / "tutorial.md", template, default_bake, tmp_path)
+    """The project's own tutorial (docs/tutorial.md): prepare, train, stop, resume, compare.
+
+    After the README's first screen, as a reader comes to it: a run of the README's `train`
+    (named by the time; one epoch here) is in runs/, and the page's table holds its own two.
+    """
+    slug = default_bake.project.name
+    readme = f"{slug} prepare && {slug} train train.epochs=1"
+    page = default_bake.project / "docs" / "tutorial.md"
+    run_page(page, template, default_bake, tmp_path, before=readme)
 
 
 def test_some_howto_has_runnable_blocks() -> None:
@@ -417,3 +430,11 @@ def test_generated_compare_guide_runs_as_shown(
 ) -> None:
     """The project's `compare` guide (docs/compare-runs.md): a small sweep, one run resumed."""
     run_page(default_bake.project / "docs" / "compare-runs.md", template, default_bake, tmp_path)
+
+
+@pytest.mark.slow
+def test_generated_training_guide_runs_as_shown(
+    template: Path, default_bake: Bake, tmp_path: Path
+) -> None:
+    """The project's training page (docs/training.md): two processes under torchrun on the CPU."""
+    run_page(default_bake.project / "docs" / "training.md", template, default_bake, tmp_path)

@@ -31,6 +31,7 @@ from envcases import (
     tool,
     working_copy,
 )
+from gen_hook_data import closure, top_level_modules
 from packaging.requirements import Requirement
 
 REQUIRED_TARGETS = {"help", "install", "data", "train", "test", "lint", "submit", "template-status"}
@@ -210,6 +211,32 @@ def test_pyproject_is_valid_and_complete(case: tuple[Bake, dict[str, str]]) -> N
         assert uv["conflicts"] == [[{"extra": "cpu"}, {"extra": variant}]]
 
 
+# A test that skips without a library, and why: `pytest.importorskip("peft", reason="...")`.
+OPTIONAL_IMPORT = re.compile(r'importorskip\(\s*"(\w+)[\w.]*",\s*reason="([^"]*)"')
+
+
+def test_a_library_a_test_skips_without_comes_with_the_extra_its_reason_names(
+    default_bake: Bake,
+) -> None:
+    """The suite "with every extra" runs every test: each skip's reason names the extra (or
+    dev tool) that installs the library, and that one does, directly or through its own."""
+    data = pyproject(default_bake.project)
+    extras = data["project"]["optional-dependencies"]
+    sources = {f"the {name} extra ": reqs for name, reqs in extras.items()}
+    sources |= {f"{Requirement(req).name} ": [req] for req in data["dependency-groups"]["dev"]}
+    seen = 0
+    for path in sorted((default_bake.project / "tests").glob("*.py")):
+        for module, reason in OPTIONAL_IMPORT.findall(path.read_text("utf-8")):
+            named = [key for key in sources if reason.startswith(key)]
+            assert named, f"{path.name}: importorskip({module!r}) names no extra: {reason!r}"
+            installs = closure([Requirement(req) for req in sources[named[0]]])
+            assert module in {m for dist in installs for m in top_level_modules(dist)}, (
+                f"{path.name}: {named[0].strip()} does not install {module}"
+            )
+            seen += 1
+    assert seen >= 10, seen  # the pattern still finds the suite's optional imports
+
+
 def test_project_builds_a_wheel_with_its_command(
     case: tuple[Bake, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -294,6 +321,8 @@ def _help_targets(project: Path) -> dict[str, str]:
 def test_make_help_documents_every_task(case: tuple[Bake, dict[str, str]]) -> None:
     result, answers = case
     targets = _help_targets(result.project)
+    lines = run(["make", "help"], result.project).stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, "a make help line is wider than 100 columns"
     wanted = REQUIRED_TARGETS | ({"container"} if answers["environment"] == "apptainer" else set())
     assert wanted <= set(targets), targets
     assert ("container" in targets) == (answers["environment"] == "apptainer")
@@ -347,9 +376,11 @@ def test_make_install_takes_the_environment_and_the_variants_torch(
     assert value("TORCH_VARIANT") == variant
     assert value("TORCH_VARIANT", "TORCH_VARIANT=cpu") == "cpu"
     assert value("TORCH_INDEX") == "" and value("WHEELS") == ""
-    # install-cpu runs install with the variant set (a sub-make would inherit the preset's)
-    assert "install-cpu: TORCH_VARIANT := cpu" in dry("-p", "install-cpu")
-    assert command in dry("install-cpu")
+    # install-cpu runs install with the variant set (a sub-make would inherit the preset's);
+    # wheels-cpu fills the folder install-cpu reads.
+    for target in ("install-cpu", "wheels-cpu"):
+        assert f"{target}: TORCH_VARIANT := cpu" in dry("-p", target)
+        assert command in dry(target)
 
 
 def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -> None:
@@ -360,13 +391,14 @@ def test_make_targets_use_the_project_files(case: tuple[Bake, dict[str, str]]) -
     def dry(*args: str) -> str:
         return _dry(project, *args)
 
-    # Values users pass reach a recipe as exported variables ("$JOB", $ARGS), never pasted
-    # into its text (tests/test_makefile_values.py runs them); the defaults name real files.
-    assert 'sbatch "$JOB" $ARGS' in dry("submit")
+    # Values users pass reach a recipe as exported variables ("$JOB", and ARGS read by
+    # tools/with_args.py), never pasted into its text (tests/test_makefile_values.py runs
+    # them); the defaults name real files.
+    assert 'tools/with_args.py sbatch "$JOB"' in dry("submit")
     job = make_value(project, "JOB")
     assert (project / job).is_file(), job
     train = dry("train", "ARGS=train.epochs=1")
-    assert f"-m {slug} train $ARGS" in train
+    assert "tools/with_args.py " in train and f"-m {slug} train\n" in train
     if answers["environment"] == "apptainer":
         raw = f"{project}/data/raw"
         assert f"apptainer exec --nv --bind {raw}:{raw}:ro --env PYTHONPATH={project}/src" in train

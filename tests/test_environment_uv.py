@@ -2,8 +2,10 @@
 
 uv installs everything from PyPI except torch, which pyproject.toml takes from PyTorch's wheel
 indexes. The test replaces those indexes by name (UV_INDEX, which wins over pyproject.toml)
-with a local index holding the CPU wheel of torch that the test environment was made from:
-no CUDA build is ever downloaded. Other packages come from PyPI through uv's cache.
+with local indexes holding the CPU wheel of torch that the test environment was made from:
+no CUDA build is ever downloaded. Other packages come from PyPI through uv's cache. The one
+that stands in for the CUDA index is removed once uv.lock is made: an install from a current
+lock reads no other build's index.
 """
 
 from __future__ import annotations
@@ -23,20 +25,31 @@ CASE = "uv-grete"
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "VIRTUAL_ENV": None}
 
 
+VARIANT = PRESETS[answers_of(CASE)["cluster"]].get("torch_variant", "cu128")
+
+
+@pytest.fixture(scope="module")
+def cuda_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local index in place of PyTorch's CUDA index (it holds the CPU wheel: only uv's lock
+    reads it); a test removes it once the lock is made."""
+    folder = tmp_path_factory.mktemp("cuda-index")
+    torch_index(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def installed(
-    template: Path, tmp_path_factory: pytest.TempPathFactory
+    template: Path, tmp_path_factory: pytest.TempPathFactory, cuda_index: Path
 ) -> tuple[Path, dict[str, str | None], float]:
     """The uv bake after `make install TORCH_VARIANT=cpu` (a working copy); its env; seconds."""
     index = torch_index(tmp_path_factory.mktemp("torch-index"))
-    variant = PRESETS[answers_of(CASE)["cluster"]].get("torch_variant", "cu128")
     project = working_copy(
         baked(CASE, template, tmp_path_factory).project, tmp_path_factory.mktemp("uv")
     )
     env: dict[str, str | None] = {
         **CLEAN_ENV,
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # uv of the test environment
-        "UV_INDEX": f"pytorch-cpu={index} pytorch-{variant}={index}",
+        "UV_INDEX": f"pytorch-cpu={index} pytorch-{VARIANT}={cuda_index.as_uri()}",
         "UV_PYTHON_DOWNLOADS": "never",  # the Python found here, never a download
         # `make install` registers the Jupyter kernel here, not in this machine's own list.
         "JUPYTER_DATA_DIR": str(tmp_path_factory.mktemp("jupyter")),
@@ -50,9 +63,10 @@ def installed(
 
 
 def test_install_syncs_the_locked_environment_with_the_chosen_extras(
-    installed: tuple[Path, dict[str, str | None], float],
+    installed: tuple[Path, dict[str, str | None], float], cuda_index: Path
 ) -> None:
     project, env, _ = installed
+    shutil.rmtree(cuda_index)  # from here on, the CUDA build's index does not answer
     lock = (project / "uv.lock").read_text("utf-8")
     assert 'name = "torch"' in lock and 'version = "2.13.0+cpu"' in lock
     python = str(project / ".venv" / "bin" / "python")
@@ -69,9 +83,33 @@ def test_install_syncs_the_locked_environment_with_the_chosen_extras(
     kernel_json = Path(str(env["JUPYTER_DATA_DIR"])) / "kernels" / project.name / "kernel.json"
     kernel = json.loads(kernel_json.read_text("utf-8"))
     assert kernel["argv"][0] == python and kernel["display_name"] == project.name
-    # The lock is current: what CI runs (`uv sync --locked`) succeeds without changes.
+    # The lock is current: what CI runs (`uv sync --locked`) succeeds without changes, and
+    # without the CUDA build's index, as make install-cpu does.
     again = run(["uv", "sync", "--locked", "--extra", "cpu", "--extra", "wandb"], project, env)
     assert again.returncode == 0, again.stderr[-3000:]
+    done = run(["make", "install-cpu"], project, env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_lock_made_where_the_cuda_index_does_not_answer_says_so(
+    template: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """uv.lock holds both torch builds: making it reads the CUDA index too, and says so."""
+    project = working_copy(baked(CASE, template, tmp_path_factory).project, tmp_path)
+    cuda = f"http://127.0.0.1:9/whl/{VARIANT}"  # nothing listens on port 9
+    env = {
+        **CLEAN_ENV,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "UV_INDEX": f"pytorch-cpu={torch_index(tmp_path / 'index')} pytorch-{VARIANT}={cuda}",
+        "UV_PYTHON_DOWNLOADS": "never",
+    }
+    done = run(["make", "install-cpu"], project, env)
+    assert done.returncode != 0
+    line = next(ln for ln in reversed(done.stderr.splitlines()) if ln.startswith("make install"))
+    assert line.startswith("make install: uv sync failed ("), line
+    assert f"reads {cuda} (pytorch-{VARIANT}) too; make uv.lock where that index answers" in line
+    assert line.endswith(f"UV_INDEX=pytorch-{VARIANT}=<url>"), line
+    assert not (project / ".venv").exists() and not (project / "uv.lock").exists()
 
 
 @pytest.mark.slow

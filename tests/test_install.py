@@ -7,7 +7,7 @@ build from its own index, refuse another build before installing anything, keep 
 torch that fits, remove an environment it made when a step fails, leave an existing one
 working, and end every failure in one line that names the way out. A tiny project (the tool
 beside a pyproject.toml without dependencies) runs the whole route in seconds; the last test
-runs `make wheels` and then `make install-cpu` without a network on a real bake.
+runs `make wheels-cpu` and then `make install-cpu` without a network on a real bake.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from engines import BIN, ROOT, module_at
+from engines import ROOT, module_at
 from envcases import baked, offline, run, torch_index, working_copy
 
 TOOL = ROOT / "{{cookiecutter.project_slug}}" / "tools" / "install.py"
@@ -257,6 +257,40 @@ def test_a_refused_torch_removes_the_environment_it_made(
     assert not (project / ".venv").exists()
 
 
+def test_make_wheels_brings_its_own_pip_where_the_python_has_none(
+    tmp_path: Path, wheels: Path, python: str
+) -> None:
+    """A fresh project: no environment, and a Python without pip (or with one too old for
+    dependency groups). `make wheels-cpu` makes a throwaway pip; the folder then installs."""
+    bare = tmp_path / "bare"  # a Python without pip, as a system's python3 may be
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    project = tiny(tmp_path)
+    cpu = tmp_path / "cpu"
+    fake_wheel(cpu, "2.13.0+cpu")
+    # The "package index" is the folder of the fixture (pip and setuptools), read alone.
+    index = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "TORCH_INDEX": cpu.as_uri()}
+    command = [str(bare / "bin" / "python"), "tools/install.py", "venv", "--variant", "cpu"]
+    done = run([*command, "--download"], project, index)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert "-m venv " in done.stdout and "pip>=25.1" in done.stdout  # the throwaway pip
+    assert done.stdout.splitlines()[-1].startswith(
+        f"make wheels: {project / 'wheels'} holds what make install-cpu takes here"
+    )
+    assert not (project / ".venv").exists()
+    names = sorted(wheel.name.split("-")[0] for wheel in (project / "wheels").glob("*.whl"))
+    assert names == ["pip", "setuptools", "torch"], names
+    # make install-cpu takes it (test_an_offline_install_from_wheels_...); make install of
+    # another variant is told which command fills the folder for it.
+    folder = str(project / "wheels")
+    assert tool.torch_choice(python, "cpu", {"WHEELS": folder}) == "2.13.0+cpu"
+    with pytest.raises(tool.InstallError) as refused:
+        tool.torch_choice(python, "cu126", {"WHEELS": folder})
+    assert str(refused.value) == (
+        f"the folder {folder} holds torch 2.13.0+cpu, not the cu126 build; nothing was "
+        "installed. Fill it with `make wheels TORCH_VARIANT=cu126` where there is internet"
+    )
+
+
 def fake_conda(folder: Path, fail: str = "") -> Path:
     """A `conda` whose `env create --prefix P` makes a venv at P (or fails with `fail`)."""
     script = folder / "conda"
@@ -312,16 +346,21 @@ def test_make_wheels_then_make_install_cpu_without_a_network(
 ) -> None:
     no_net = offline()
     project = working_copy(baked("venv-grete", template, tmp_path_factory).project, tmp_path)
-    # python3 is the test environment's (pip 25.1+, so `make wheels` needs no .venv first);
-    # torch's index is a local one holding the CPU wheel on disk.
+    # The route as the README prints it, on a fresh bake: python3 (and python3.X) has no pip,
+    # so `make wheels-cpu` makes its own; torch's index is a local one holding the CPU wheel
+    # on disk, everything else comes from the package index.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     env = {
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PATH": f"{bare / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "TORCH_INDEX": torch_index(tmp_path),
         "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
     }
-    done = run(["make", "wheels", "TORCH_VARIANT=cpu"], project, env)
+    done = run(["make", "wheels-cpu"], project, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1].startswith(f"make wheels: {project / 'wheels'} holds")
+    assert done.stdout.splitlines()[-1].startswith(
+        f"make wheels: {project / 'wheels'} holds what make install-cpu takes here"
+    )
     assert not (project / ".venv").exists()
     (project / ".env").write_text("WHEELS=wheels\n", encoding="utf-8")  # relative: the project's
     done = run([*no_net, "make", "install-cpu"], project, env)

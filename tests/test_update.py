@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, git, snapshot_template
-from engines import BIN, Bake, bake, rules, shell_env, status_tool
+from engines import BIN, Bake, bake, module_at, rules, shell_env, status_tool
 from pathspec import PathSpec
 from sync_questions import copier_skip_patterns
 from test_docs_tutorial import missing_lines
@@ -633,14 +633,15 @@ def _one_line(done: subprocess.CompletedProcess[str], prefix: str) -> str:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_update_to_a_release_the_template_lacks_is_one_line(
-    projects: dict[tuple[str, int], Project], tmp_path: Path, engine: str
+    projects: dict[tuple[str, int], Project], releases: Releases, tmp_path: Path, engine: str
 ) -> None:
     project = _clone_behind(projects, engine, tmp_path)
     head = git(project, "rev-parse", "HEAD")
     done = _run(["make", "--no-print-directory", "update", "REF=v9.9.9"], project)
     assert done.returncode == 2
     line = _one_line(done, "make update: REF=v9.9.9: the template ")
-    assert "has no such release (newest: v" in line
+    newest = releases.versions[-1]  # the newest release, as make template-status says it
+    assert f"has no such release (newest release: {newest} (v{newest}); before it: v" in line
     assert git(project, "rev-parse", "HEAD") == head
     assert git(project, "status", "--porcelain") == ""
 
@@ -740,12 +741,14 @@ def test_fleet_table(
     )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
-    if lines[-1].startswith("(… marks a cell cut to 100 columns"):  # long temporary paths
-        lines.pop()
+    if lines[-2].startswith("(… marks a cell cut to 100 columns"):  # long temporary paths
+        del lines[-2]
         assert all(len(line) <= 100 for line in lines), lines
+        assert lines[-10].split()[-4:] == ["conflict", "risk", "last", "update"], lines[-10]
         done = _run(["make", "fleet", f"REPOS={listing}", "WIDE=1", f"PYTHON={sys.executable}"],
                     releases.template)  # fmt: skip
         lines = [line for line in done.stdout.splitlines() if not line.startswith("make")]
+    assert lines.pop() == "8 repositories: 1 with an update not finished, 5 behind, 2 up to date"
     header, body = lines[-9], lines[-8:]
     assert header.split()[:7] == [
         "repo", "engine", "recorded", "newest", "behind", "action", "uncommitted"
@@ -760,6 +763,33 @@ def test_fleet_table(
         assert cell == str(dirt) if dirt is not None else int(cell) > 0, line
         left = "left: " if code == status.UNRESOLVED else "-"
         assert line[at["conflict"] :].startswith(SCRIPT if risk else left), line
+
+
+def test_a_cut_fleet_table_keeps_its_header_whole_and_ends_with_a_summary() -> None:
+    """Long paths and cells give way to 100 columns; the names of the columns do not."""
+    behind = {
+        "engine": "copier", "recorded": "0.2.0", "newest": "0.3.0", "behind_by": 1,
+        "action_needed": ["0.3.0"], "conflict_risk": [], "changed_here": [],
+        "conflict_markers": [], "uncommitted": [], "last_update": "2026-12-03",
+        "exit_code": status.BEHIND,
+    }  # fmt: skip
+    long = "/scratch/projects/group-with-a-long-name/users"
+    rows = [
+        {**behind, "repo": f"{long}/someone/heat_sim"},
+        {**behind, "repo": f"{long}/other/cfd", "conflict_risk": [SCRIPT, "configs/train.toml"]},
+        {**behind, "repo": "/work/x", "behind_by": 0, "action_needed": [], "exit_code": 0},
+        {"repo": "/work/old", "engine": "cookiecutter", "recorded": "0.2.0",
+         "note": "no recorded source: make template-link", "exit_code": status.UNLINKED},
+        {"repo": "/work/nosuch", "error": "git clone: no such repository", "exit_code": 1},
+    ]  # fmt: skip
+    lines = status.render_table(rows).splitlines()
+    assert all(len(line) <= status.TABLE_WIDTH for line in lines), lines
+    assert lines[0].split()[-4:] == ["conflict", "risk", "last", "update"], lines[0]
+    assert lines[1].startswith("…") and lines[-2].startswith("(… marks a cell cut"), lines
+    assert lines[-1] == (
+        "5 repositories: 1 unreadable, 2 behind, 1 without a recorded source, 1 up to date"
+    )
+    assert status.summary([status.UP_TO_DATE]) == "1 repository: 1 up to date"
 
 
 def test_fleet_names_a_repository_it_cannot_read(
@@ -783,7 +813,8 @@ def test_fleet_names_a_repository_it_cannot_read(
     assert "".join(said.split()) in "".join("".join(lines).split()), lines
     done = _run([sys.executable, str(script), "--wide", *repos], tmp_path)
     assert done.returncode == status.FAILED, done.stderr
-    rows = done.stdout.splitlines()[-4:]
+    *rows, last = done.stdout.splitlines()[-5:]
+    assert last == "4 repositories: 3 unreadable, 1 up to date", last
     assert rows[0].startswith(str(good)) and "error" not in rows[0], rows  # the others print
     assert rows[1].startswith(str(tmp_path / "nosuch")) and "error: git clone:" in rows[1], rows
     assert f"error: {record}: not a readable release record" in rows[2], rows
@@ -844,6 +875,14 @@ def test_status_without_release_tags_agrees_with_the_record(
     report = json.loads(done.stdout)
     assert (report["newest"], report["behind_by"]) == (releases.versions[-1], 1)
     assert report["trial_merge"] == {SCRIPT: status.CLEAN}
+    # `make update REF=` to a release it lacks names the same newest release.
+    update = module_at(ROOT / TEMPLATE_DIR / "tools" / "template_update.py", "template_update")
+    with pytest.raises(status.StatusError) as refused:
+        update.check_ref(tagless, "v9.9.9", str(tagless))
+    assert str(refused.value) == (
+        f"REF=v9.9.9: the template {tagless} has no such release "
+        f"(newest release: {report['newest']} (HEAD))"
+    )
 
 
 def test_docs_sample_is_a_real_report(updated: Project) -> None:
@@ -1038,8 +1077,12 @@ def _refused(template: Path) -> str:
 def test_release_refuses_what_is_not_ready(clone: Path) -> None:
     template, version = clone, CC["_template_version"]
     (template / "README.md").write_text("changed\n", "utf-8")
-    assert "release: uncommitted changes" in _refused(template)
+    (template / "notes").mkdir()  # a new folder: its file is named, not the folder
+    (template / "notes" / "todo.txt").write_text("a new file\n", "utf-8")
+    named = "(2 files: README.md, notes/todo.txt (untracked))"
+    assert f"release: uncommitted changes: commit them first {named}" in _refused(template)
     git(template, "checkout", "-q", "--", "README.md")
+    (template / "notes" / "todo.txt").unlink()
 
     text = (template / "CHANGELOG.md").read_text("utf-8")
     (template / "CHANGELOG.md").write_text(text.replace(f"## {version} ", "## 9.9.9 "), "utf-8")

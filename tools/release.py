@@ -35,6 +35,7 @@ ANY_RELEASE_HEADING = re.compile(r"^## (\d+\.\d+\.\d+) ")
 # Each prints "stale: ..." and exits 1 when what it writes differs from the committed file.
 MIRRORS = ("tools/sync_questions.py", "tools/gen_hook_data.py", "tools/gen_options_doc.py")
 TESTED = ("all", "quick", "none")
+SHOWN = 5  # uncommitted files a refusal names; the rest are counted
 
 Version = tuple[int, ...]
 
@@ -178,8 +179,16 @@ def _mirrors_fresh(_version: str) -> None:
 
 
 def _tree_clean(_version: str) -> None:
-    if dirty := _git("status", "--porcelain").strip():
-        raise ReleaseError(f"uncommitted changes: commit them first ({dirty.splitlines()[0]})")
+    # Every file by its path (a new folder's files too, not the folder), the first few named.
+    status = _git("status", "--porcelain", "-z", "--no-renames", "--untracked-files=all")
+    entries = [entry for entry in status.split("\0") if entry]
+    if entries:
+        named = [f"{e[3:]} (untracked)" if e.startswith("??") else e[3:] for e in entries]
+        more = f" and {len(named) - SHOWN} more" if len(named) > SHOWN else ""
+        files = f"{len(named)} file{'s' if len(named) > 1 else ''}"
+        raise ReleaseError(
+            f"uncommitted changes: commit them first ({files}: {', '.join(named[:SHOWN])}{more})"
+        )
 
 
 def publish(remote: str) -> str:

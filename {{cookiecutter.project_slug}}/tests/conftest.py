@@ -11,7 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -194,6 +196,17 @@ def example_task(name: str) -> bool:
     """True while the shipped example (its task module and raw file) is in the project."""
     raw = EXAMPLE_RAW.get(name, DIGITS)
     return raw.is_file() and (ROOT / "src" / PACKAGE / "tasks" / f"{name}.py").is_file()
+
+
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """The matplotlib figures drawn while the test runs, left open to be read, then closed."""
+    plt = pkg("observe.plots")._pyplot()
+    close, figures = plt.close, []
+    monkeypatch.setattr(plt, "close", figures.append)
+    yield figures
+    for figure in figures:
+        close(figure)
 
 
 @pytest.fixture

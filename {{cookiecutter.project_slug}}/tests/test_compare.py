@@ -6,11 +6,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from conftest import PACKAGE, blobs, cli_env, pkg
+from conftest import PACKAGE, ROOT, blobs, cli_env, pkg
 
 trainer, compare, runtime, cli = (
     pkg("engine.trainer"),
@@ -138,6 +139,129 @@ def test_command_writes_the_figure_and_names_a_missing_run(
     assert err.startswith("error: RUNS: no run matches 'nope-*'") and "\n" not in err
     assert cli.main(["compare", "--metric", "rmse"]) == 1
     assert "--metric 'rmse': not a validation metric" in capsys.readouterr().err
+
+
+def test_the_printed_table_fits_100_columns_and_wide_prints_every_one(
+    runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PROJECT_ROOT", str(runs.parent))
+    monkeypatch.delenv("RUNS_DIR", raising=False)
+    assert cli.main(["compare", "--no-figure", "--name", "narrow"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5] == "not shown: segments, wall h; every column: --wide, or reports/narrow.md"
+    assert max(len(line) for line in lines[1:6]) <= compare.WIDTH
+    header = [h.strip() for h in lines[1].split("  ") if h.strip()]
+    assert header == [
+        "run",
+        "status",
+        "…ps_this_segment",  # run.max_steps_this_segment: a long name keeps its end
+        "train.lr",
+        "accuracy best",  # the runs' run.best_metric
+        "at step",
+        "loss best",
+        "steps",
+        "GPU h",
+    ]
+    rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[2:5]}
+    assert [rows[name]["steps"] for name in ("lr-fast", "lr-slow", "lr-cut")] == [
+        "26/26",
+        "26/26",
+        "7/26",  # done/planned
+    ]
+    assert rows["lr-cut"]["status"] == "stopped"
+    assert cli.main(["compare", "--no-figure", "--name", "narrow", "--wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in wide) > compare.WIDTH
+    markdown = (runs.parent / "reports" / "narrow.md").read_text().splitlines()[0]
+    assert wide[1].split() == markdown.strip("| ").replace(" | ", "  ").split()
+    assert "run.max_steps_this_segment" in wide[1] and "loss final" in wide[1]
+
+
+def test_a_table_too_wide_cuts_long_settings_and_leaves_out_the_least_telling_columns() -> None:
+    """Settings' names and values are cut to CELL characters; then segments, wall hours, the
+    other metrics and the last settings are left out until the table fits; a run's name stays
+    whole."""
+    keys = [f"model.a_long_setting_name_{i}" for i in range(5)]
+    runs = [
+        compare.Run(
+            name=name,
+            status="finished",
+            settings={
+                "train.lr": lr,
+                **{k: f'"{word}-{i}-{"x" * 30}"' for i, k in enumerate(keys)},
+            },
+            curves={"loss": [(10, 1.0), (20, loss)], "accuracy": [(20, 0.5)], "f1": [(20, 0.4)]},
+            step=20,
+            total_steps=40,
+            segments=1,
+            wall_h=0.5,
+            gpu_h=1.0,
+        )
+        for name, lr, word, loss in (
+            ("lr-0.1-with-warmup", "0.1", "one", 0.25),
+            ("lr-0.01", "0.01", "two", 0.5),
+        )
+    ]
+    runs = compare.score(runs, "loss", "min")
+    header, rows, left_out = compare.short_table(runs, "loss")
+    assert left_out == [
+        "segments",
+        "wall h",
+        "f1 best",
+        "accuracy best",
+        "train.lr",
+        "…_setting_name_4",
+        "…_setting_name_3",
+        "…_setting_name_2",
+    ]
+    assert header == [
+        "run",
+        "status",
+        "…_setting_name_0",
+        "…_setting_name_1",
+        "loss best",
+        "at step",
+        "steps",
+        "GPU h",
+    ]
+    assert rows[0][:4] == ["lr-0.1-with-warmup", "finished", '"one-0-xxxxxxxx…', '"one-1-xxxxxxxx…']
+    assert rows[0][4:] == [0.25, 20, "20/40", 1.0]
+    assert all(len(line) <= compare.WIDTH for line in compare.as_text(header, rows).splitlines())
+
+
+def test_compare_leaves_a_committed_project_clean_for_submit(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reports/ is git-ignored: after compare, `make submit` and a run's provenance see no
+    change (their check counts untracked files)."""
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    (tmp_path / "reports" / "figures").mkdir(parents=True)
+    (tmp_path / "reports" / "figures" / ".gitkeep").touch()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C", str(tmp_path)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "start"]):
+        subprocess.run([*git, *args], check=True)
+    monkeypatch.setenv("PROJECT_ROOT", str(tmp_path))
+    monkeypatch.setenv("RUNS_DIR", str(runs))
+    assert cli.main(["compare", "--no-figure"]) == 0
+    assert cli.main(["compare", "--no-figure", "--name", "sweep-4711"]) == 0
+    assert (tmp_path / "reports" / "sweep-4711.md").is_file()
+    assert pkg("observe.provenance").code_state(tmp_path)["dirty"] is False
+
+
+def test_the_figure_writes_each_coloured_runs_best_value(
+    runs: Path, tmp_path: Path, drawn: list[Any]
+) -> None:
+    table = compare.run_compare(runs, tmp_path, [], name="values")
+    (axes,) = drawn[0].axes
+    best = [(r.name, *r.best["accuracy"]) for r in table[: compare.HIGHLIGHT]]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == [
+        f"{i}. {name}: {v:.4g} at step {step}" for i, (name, v, step) in enumerate(best, 1)
+    ]
+    # Each value written beside its marked point.
+    assert [(t.get_text(), t.xy) for t in axes.texts] == [(f"{v:.4g}", (s, v)) for _, v, s in best]
+    assert axes.get_title() == "validation accuracy: 3 runs"
+    assert axes.get_legend().get_title().get_text() == "best accuracy"
 
 
 DAMAGE = {
@@ -270,5 +394,6 @@ def test_doctor_says_when_packing_pays(project: Path, capsys: pytest.CaptureFixt
     pkg("ops.doctor").run_doctor(cfg, settings, quick=True)
     assert "packing  no run has trained on a GPU yet" in capsys.readouterr().out
     gpu_summary(settings.runs_dir, "trial", gpu_util_mean_pct=30.0)
-    pkg("ops.doctor").run_doctor(cfg, settings, quick=True)
+    # As docs/pack-small-runs.md asks: the command line, after a run on a GPU.
+    assert pkg("cli").main(["doctor", "--quick"]) == 0
     assert "packing  run trial kept the GPU 30 % busy" in capsys.readouterr().out

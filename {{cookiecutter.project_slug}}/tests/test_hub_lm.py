@@ -3,8 +3,8 @@
 The folders are made here, offline: a byte-level BPE tokenizer trained on the corpus and a
 2-layer Llama with random weights from a config, saved in shards with their index as a hub
 download leaves them. One ties its output layer to the embedding (as small Qwen and
-Llama-3.2 models do), one does not. Needs the `hf` extra (transformers) and, for the adapter
-check, `peft`.
+Llama-3.2 models do), one does not. Needs the `hf` extra (transformers, and peft for the
+adapter check).
 """
 
 import json
@@ -229,7 +229,7 @@ def test_fsdp_fine_tune_stops_resumes_bit_exactly_and_exports_a_hub_folder(
 # peft reads a property that transformers 5 deprecated; not this project's to fix.
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_lora_exports_merged_and_as_peft_adapters(hub_project: Path) -> None:
-    peft = pytest.importorskip("peft", reason="peft is not installed")
+    peft = pytest.importorskip("peft", reason="the hf extra is not installed (peft)")
     runs, lora = hub_project / "runs", ["task.lora_rank=4", "dist.strategy=fsdp"]
     finish(two_ranks(hub_project, *lora, "run.name=lora", "run.best_metric=loss"))
     # Checkpoints and best.pt hold the adapters only; the base is model.init_from's.

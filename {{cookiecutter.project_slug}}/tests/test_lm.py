@@ -86,6 +86,7 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
         torch.testing.assert_close(exported[key], merged, rtol=0, atol=1e-6)
     assert len(layers) == 4
     assert not torch.equal(exported["blocks.0.qkv.weight"], base_weights["blocks.0.qkv.weight"])
+    exports_in_bf16(lm_project / "runs" / "lora", exported, final, layers)
     adapters = {k: v for k, v in final.items() if k.startswith("adapters.")}
     assert len(adapters) == 2 * 2 * 2  # a and b of qkv and proj in each of the 2 blocks
     assert all(v.abs().sum() > 0 for k, v in adapters.items() if k.endswith(".b"))  # trained
@@ -110,6 +111,30 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
         evaluate_run(lm_project / "runs" / r, settings.get_settings()) for r in ("lora", "slim")
     ]
     assert evaluated[0]["perplexity"] == evaluated[1]["perplexity"] > 1
+
+
+def exports_in_bf16(
+    run_dir: Path,
+    merged: dict[str, torch.Tensor],
+    final: dict[str, torch.Tensor],
+    layers: dict[str, str],
+) -> None:
+    """A LoRA run's two exports in bf16, by the command lines docs/fine-tune-lm.md shows.
+
+    Merged: the fp32 merge (`merged`), cast. The adapters alone: as peft names them, each of
+    `layers` (the adapted weight's name -> its adapter's key) with its A and B.
+    """
+    cli = pkg("cli")
+    assert cli.main(["export", "--run", run_dir.name, "--dtype", "bf16"]) == 0
+    half = load_file(run_dir / "export" / "model.safetensors")
+    assert all(torch.equal(half[k], v.to(torch.bfloat16)) for k, v in merged.items())
+    assert cli.main(["export", "--run", run_dir.name, "--adapters", "--dtype", "bf16"]) == 0
+    written = load_file(run_dir / "adapters" / "adapter_model.safetensors")
+    assert len(written) == 2 * len(layers)
+    for weight, key in layers.items():
+        for part, name in (("a", "lora_A"), ("b", "lora_B")):
+            in_file = written[f"base_model.model.{weight.removesuffix('.weight')}.{name}.weight"]
+            assert torch.equal(in_file, final[f"adapters.{key}.{part}"].to(torch.bfloat16))
 
 
 def test_a_base_of_another_size_is_refused_naming_a_key(lm_project: Path) -> None:

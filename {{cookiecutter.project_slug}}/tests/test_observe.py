@@ -1,11 +1,14 @@
-"""Time report, metrics file on resume, and the GPU-per-process rule."""
+"""Time report, metrics file on resume, the GPU-per-process rule, and the figures' titles."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
-from conftest import pkg
+from conftest import blobs, pkg
+from toy_tasks.blobs import Options as BlobsOptions
 
 observe = pkg("observe.metrics")
 
@@ -60,3 +63,33 @@ def test_more_local_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPat
     denv = pkg("engine.distributed").DistEnv(rank=3, local_rank=3, world_size=4, local_world_size=4)
     with pytest.raises(pkg("errors").ConfigError, match="one task per GPU"):
         pkg("engine.runtime").pick_device("cuda", denv)
+
+
+class Line(pkg("task_kinds").Regression):
+    """A regression task with no data or model of its own: only its figures are drawn."""
+
+    Options = BlobsOptions
+
+    def datasets(self, data_dir: Path) -> Any:
+        raise NotImplementedError
+
+    def build_model(self) -> nn.Module:
+        return nn.Identity()
+
+
+def test_a_splits_figure_names_the_run_and_its_metric(
+    project: Path, tmp_path: Path, drawn: list[Any]
+) -> None:
+    """`run 4711_3: test, accuracy 0.75`, not `test`: the figure says which run and how good."""
+    task = blobs(classes=3)
+    task.classes = ["a", "b", "c"]
+    predicted = nn.functional.one_hot(torch.tensor([0, 1, 2, 1]), 3).float()  # 3 of 4 right
+    sums = task.evaluate(nn.Identity(), (predicted, torch.tensor([0, 1, 2, 2])))
+    task.figures(sums, tmp_path / "4711_3", "test")
+    regression = Line(task.cfg, task.settings)
+    targets = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]])
+    sums = regression.evaluate(nn.Identity(), (targets + 0.5, targets))  # every error 0.5
+    regression.figures(sums, tmp_path / "4711_4", "val")
+    titles = [figure.axes[0].get_title() for figure in drawn]
+    assert titles == ["run 4711_3: test, accuracy 0.75", "run 4711_4: val, rmse 0.5, r2 0.6"]
+    assert (tmp_path / "4711_3" / "confusion_matrix_test.png").is_file()

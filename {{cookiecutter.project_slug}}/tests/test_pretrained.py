@@ -146,8 +146,9 @@ def test_a_shape_mismatch_names_the_key(project: Path) -> None:
 
 
 # --- export ------------------------------------------------------------------------------
-def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> None:
-    export = pkg("ops.export")
+def test_export_writes_final_and_best_weights_with_the_config(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     task = blobs(*FAST, "run.name=done", "train.epochs=2", "run.best_metric=loss")
     trainer.train(task.cfg, task)
     run_dir = project / "runs" / "done"
@@ -164,9 +165,11 @@ def test_export_writes_final_and_best_weights_with_the_config(project: Path) -> 
     # The export is a model folder that model.init_from reads.
     assert_identical(pretrained.read_weights(folder), final)
 
-    half = export.export_run(
-        run_dir, project / "half", pkg("settings").get_settings(), "best", "bf16"
-    )
+    # The best weights in bf16, by the command line docs/fine-tune-lm.md shows.
+    half = project / "half"
+    argv = ["export", "--run", "done", "--weights", "best", "--dtype", "bf16", "--out", str(half)]
+    assert pkg("cli").main(argv) == 0
+    assert f"wrote {half}: model, best weights, bf16" in capsys.readouterr().out
     best = checkpoint.load(run_dir / "best.pt")["model"]
     written = load_file(half / "model.safetensors")
     assert {t.dtype for t in written.values()} == {torch.bfloat16}

@@ -38,6 +38,7 @@ def test_changed_lr_and_weight_decay_apply_from_the_resumed_step(
     out = capsys.readouterr().out
     assert "train.lr: 0.01 -> 0.02" in out
     assert "train.weight_decay: 0.01 -> 0.05" in out
+    assert "max_steps_this_segment" not in out  # the first segment's own cut: no change
     lrs = logged_lrs(project / "runs" / "lr")
     assert [lrs[s] for s in (1, 2, 3)] == [0.01] * 3
     assert {lrs[s] for s in range(4, 14)} == {0.02}
@@ -53,6 +54,15 @@ def test_unchanged_config_reports_no_change(
     train(*args)
     train(*args)
     assert "config changed" not in capsys.readouterr().out
+
+
+def test_settings_of_one_segment_are_no_change_of_the_run() -> None:
+    """Each start takes its own cut, profile, progress display and debug output."""
+    old = {"run": {"max_steps_this_segment": 10, "profile_steps": 5, "progress": "bar"}}
+    new = {"run": {"max_steps_this_segment": 0, "profile_steps": 0, "progress": "log"}}
+    old["run"] |= {"debug": True, "seed": 0}
+    new["run"] |= {"debug": False, "seed": 1}
+    assert trainer._config_changes(old, new) == ["run.seed: 0 -> 1"]
 
 
 def test_config_sections_added_since_the_checkpoint_are_reported() -> None:

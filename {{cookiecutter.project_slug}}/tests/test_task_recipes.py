@@ -8,6 +8,7 @@ under ddp and fsdp (slow).
 """
 
 import csv
+import json
 import re
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import PACKAGE, ROOT, assert_identical, pkg, run_cli
 from test_task_contract import test_loss_is_a_finite_scalar_and_sums_add_up as contract
@@ -147,8 +149,6 @@ def test_averaged_weights_are_what_validation_evaluate_and_export_use(
     out = run_cli("export", "--run", "ema", project=project, env=recipes_env(project))
     assert out.returncode == 0, out.stdout + out.stderr
     exported = next(run.glob("export/*.safetensors"))
-    from safetensors.torch import load_file  # noqa: PLC0415
-
     assert_identical({n: load_file(exported)[n] for n in trainable}, state["averaged"])
     # Without `use` the trained weights stay what validation scores: another val loss.
     train("averaged", "run.name=plain", "task.use_ema=false")
@@ -157,6 +157,18 @@ def test_averaged_weights_are_what_validation_evaluate_and_export_use(
     manual = pkg("engine.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
     model.load_state_dict({**state["model"], **state["averaged"]})
     assert manual["loss"] == pytest.approx(manual_loss(model), rel=1e-6)
+
+
+def test_the_averages_warm_up_ends_where_the_guide_says() -> None:
+    """The configured decay takes over at step (10 d - 1) / (1 - d), as the guide prints."""
+    ema = pkg("api").EMA(0.99)
+    assert [ema.decay_at(step) for step in (2, 26)] == [0.25, 0.75]
+    text = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    assert "890 for `d = 0.99`, 8 990 for 0.999, 89 990 for 0.9999" in text
+    for decay, step in ((0.99, 890), (0.999, 8990), (0.9999, 89990)):
+        ema = pkg("api").EMA(decay)
+        assert ema.decay_at(step) == decay > ema.decay_at(step - 1)
+        assert round((10 * decay - 1) / (1 - decay)) == step
 
 
 def manual_loss(model: torch.nn.Module) -> float:
@@ -231,19 +243,100 @@ def test_a_frozen_teacher_is_kept_once_and_evaluates_and_exports(
     project: Path, recipes: Path
 ) -> None:
     del recipes
+    run = project / "runs" / "distill"
     train("distill", "run.name=distill")
-    state = final_state(project / "runs" / "distill")
+    state = final_state(run)
     teacher = {k for k in state["model"] if k.startswith("teacher.")}
     assert teacher and state["frozen"] is None
-    assert len(state["optimizer"]["state"]) == len(
-        [k for k in state["model"] if k.startswith("student.")]
-    )
-    result = pkg("engine.evaluate").evaluate_run(
-        project / "runs" / "distill", pkg("settings").get_settings(), "cpu"
-    )
+    student = {k[8:]: v for k, v in state["model"].items() if k.startswith("student.")}
+    # The default groups hold the student alone: the frozen teacher takes no optimizer room.
+    groups = state["optimizer"]["param_groups"]
+    assert sum(len(g["params"]) for g in groups) == len(state["optimizer"]["state"])
+    assert len(state["optimizer"]["state"]) == len(student)
+    result = pkg("engine.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
     assert 0.0 <= result["accuracy"] <= 1.0
-    out = run_cli("export", "--run", "distill", project=project, env=recipes_env(project))
+    out = run_cli(
+        "export",
+        "--run",
+        "distill",
+        "--module",
+        "student",
+        project=project,
+        env=recipes_env(project),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
+    folder = run / "export-student"
+    assert f"wrote {folder}: module student, final weights, fp32" in out.stdout
+    assert_identical(load_file(folder / "model.safetensors"), student)  # no teacher tensor
+    assert json.loads((folder / "export.json").read_text())["module"] == "student"
+    alone = load("distill").build_model().student  # the folder loads into the student alone
+    alone.load_state_dict(pkg("data.pretrained").read_weights(folder))
+    assert_identical(alone.state_dict(), student)
+    with pytest.raises(pkg("errors").ConfigError, match=r"^--module pupil: the run's model "):
+        pkg("ops.export").export_run(
+            run, project / "pupil", pkg("settings").get_settings(), module="pupil"
+        )
+
+
+def test_a_checkpoint_with_the_teacher_in_the_optimizer_resumes_exactly(
+    project: Path, recipes: Path
+) -> None:
+    """Checkpoints of earlier releases listed the frozen teacher in the optimizer's groups."""
+    del recipes
+    whole = train("distill", "run.name=whole")
+    assert whole.summary["status"] == "finished"
+    old = load("distill", "run.name=cut", "run.max_steps_this_segment=5")
+    decay = old.cfg.train.weight_decay
+    old.param_groups = lambda model: [  # the earlier default: every parameter
+        {"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": decay},
+        {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    trainer.train(old.cfg, old)
+    saved = final_state(project / "runs" / "cut")
+    listed = sum(len(g["params"]) for g in saved["optimizer"]["param_groups"])
+    assert listed == len(saved["model"]) > len(saved["optimizer"]["state"])  # the teacher too
+    train("distill", "run.name=cut")
+    assert_same_run(project / "runs" / "whole", project / "runs" / "cut")
+
+
+def test_a_saved_optimizer_state_that_does_not_fit_is_one_line(recipes: Path) -> None:
+    del recipes
+    optim = pkg("engine.optim")
+    model = load("distill").build_model()
+    everything = torch.optim.AdamW(model.parameters())
+    model.student(torch.ones(2, 16)).sum().backward()
+    everything.step()
+    saved = everything.state_dict()
+    # State on a frozen parameter and none on a trained one: no earlier default saved that.
+    teacher_last, student_first = saved["param_groups"][0]["params"][-1], 0
+    saved["state"][teacher_last] = saved["state"].pop(student_first)
+    students = torch.optim.AdamW(model.student.parameters())
+    assert optim.without_frozen(saved, students) is saved  # not fitted: left as it was
+    schedule = torch.optim.lr_scheduler.LambdaLR(students, lambda step: 1.0)
+    with pytest.raises(pkg("errors").CheckpointError) as caught:
+        optim.restore(
+            [students],
+            [schedule],
+            [schedule.state_dict()],
+            "old",
+            lambda: students.load_state_dict(optim.without_frozen(saved, students)),
+        )
+    assert "the optimizer state does not fit" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_part_frozen_in_build_model_and_unfrozen_later_is_refused(
+    project: Path, recipes: Path
+) -> None:
+    """The default groups leave it out: trained later, it would never change."""
+    del project, recipes
+    task = load("distill", "run.name=woken")
+    task.on_epoch_start = lambda model, epoch: model.teacher.requires_grad_(epoch >= 1)
+    with pytest.raises(pkg("errors").ConfigError) as caught:
+        trainer.train(task.cfg, task)
+    line = str(caught.value)
+    assert line.startswith("task recipes.distill: parameter teacher.0.weight (4 in all) was "), line
+    assert "freeze it in on_epoch_start instead of build_model" in line and "\n" not in line
 
 
 @pytest.mark.gpu

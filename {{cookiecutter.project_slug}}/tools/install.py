@@ -7,7 +7,9 @@ is read from the environment, else from `.env`, so a site's settings are written
 - ``PIP_INDEX_URL``: a site's mirror of PyPI (pip reads it; uv gets it as UV_DEFAULT_INDEX).
 - ``TORCH_INDEX``: a mirror of PyTorch's wheel index of the variant (default: PyTorch's own).
 - ``WHEELS``: a folder that `make wheels` filled on a machine with network; no index is read
-  then (pip: a folder of wheels; uv: uv's cache, read offline).
+  then (pip: a folder of wheels; uv: uv's cache, read offline). `make wheels` fetches the
+  preset's CUDA build of torch for `make install`, `make wheels-cpu` the CPU build for
+  `make install-cpu` (TORCH_VARIANT, as for the install).
 
 What it guarantees:
 
@@ -52,6 +54,8 @@ CHECK_PATIENCE = ("--retries", "1", "--timeout", "10")
 # The first line of a failed step's output that says why: pip's and conda's errors, uv's
 # (which start with a multiplication sign).
 ERROR_LINE = re.compile(r"\s*(ERROR:|error:|\N{MULTIPLICATION SIGN}|CondaError)")
+# PyTorch's wheel index of a torch build, as the generated pyproject.toml names it for uv.
+UV_TORCH_INDEX = re.compile(r'^name = "(pytorch-[\w.-]+)"\s*\nurl = "([^"]+)"', re.M)
 # The way out, named in the failure line of each kind of source.
 FIX = {
     "index": "where this machine has no internet, name a mirror (PIP_INDEX_URL= and "
@@ -62,6 +66,16 @@ FIX = {
 
 class InstallError(Exception):
     """A failed step; its message is the one line the user reads."""
+
+
+class StepError(InstallError):
+    """A command that failed: the line that says why, and its last lines of output."""
+
+    def __init__(self, message: str, reason: str, output: list[str]) -> None:
+        """The one line, the reason in it, and the output it was read from."""
+        super().__init__(message)
+        self.reason = reason
+        self.output = output
 
 
 def dotenv(path: Path) -> dict[str, str]:
@@ -99,7 +113,7 @@ def settings(root: Path = ROOT) -> dict[str, str]:
 
 
 def step(command: list[str], env: dict[str, str], what: str, fix: str) -> None:
-    """Run `command`, its output shown as it comes; InstallError naming `fix` if it fails."""
+    """Run `command`, its output shown as it comes; StepError naming `fix` if it fails."""
     print("+", " ".join(command), flush=True)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with subprocess.Popen(  # noqa: S603  (pip, conda or uv of the environment being built)
@@ -112,7 +126,7 @@ def step(command: list[str], env: dict[str, str], what: str, fix: str) -> None:
     if process.returncode != 0:
         said = [ln.strip() for ln in tail if ERROR_LINE.match(ln)]
         reason = (said or [ln.strip() for ln in tail if ln.strip()] or ["no output"])[0]
-        raise InstallError(f"{what} failed ({reason}); {fix}")
+        raise StepError(f"{what} failed ({reason}); {fix}", reason, list(tail))
 
 
 def fits(version: str, variant: str, platform: str = sys.platform) -> bool:
@@ -153,6 +167,11 @@ def torch_sources(variant: str, found: dict[str, str]) -> tuple[list[str], dict[
     return pip_sources(found, torch=torch_index(variant, found))
 
 
+def make_line(target: str, variant: str) -> str:
+    """The make command of `target` (install or wheels) for the variant, as the docs print it."""
+    return f"make {target}-cpu" if variant == "cpu" else f"make {target} TORCH_VARIANT={variant}"
+
+
 def source_fix(found: dict[str, str]) -> str:
     """The way out when a package cannot be fetched from these sources."""
     return FIX["wheels" if "WHEELS" in found else "index"]
@@ -180,7 +199,13 @@ def torch_choice(python: str, variant: str, found: dict[str, str]) -> str:
         raise InstallError(
             f"pip finds no {REQUIREMENT} at {where} ({said[-1]}); {source_fix(found)}"
         ) from None
-    if not fits(version, variant):
+    if not fits(version, variant) and "WHEELS" in found:  # filled for another variant
+        raise InstallError(
+            f"the folder {found['WHEELS']} holds torch {version}, not the {variant} build; "
+            f"nothing was installed. Fill it with `{make_line('wheels', variant)}` where there "
+            "is internet"
+        )
+    if not fits(version, variant):  # an index or find-links folder of pip's configuration
         raise InstallError(
             f"pip would take torch {version} ({url}), not the {variant} build of {where}; "
             "nothing was installed. Name a mirror of that index with TORCH_INDEX=<url>, or "
@@ -341,8 +366,9 @@ def uv_env(variant: str, found: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     if "PIP_INDEX_URL" in found:
         env["UV_DEFAULT_INDEX"] = found["PIP_INDEX_URL"]
-    if "TORCH_INDEX" in found:
-        env["UV_INDEX"] = f"pytorch-{variant}={found['TORCH_INDEX']}"
+    if "TORCH_INDEX" in found:  # before the UV_INDEX entries of the environment, if any
+        named = f"pytorch-{variant}={found['TORCH_INDEX']}"
+        env["UV_INDEX"] = f"{named} {env.get('UV_INDEX', '')}".strip()
     if "WHEELS" in found:
         env.update(UV_CACHE_DIR=found["WHEELS"], UV_OFFLINE="1", UV_LINK_MODE="copy")
     return env
@@ -355,38 +381,105 @@ def uv_command(uv: str, python_version: str, variant: str, extra: str) -> list[s
     )
 
 
+def torch_indexes(env: dict[str, str]) -> dict[str, str]:
+    """PyTorch's wheel indexes that uv reads torch from, by name, as UV_INDEX may replace them.
+
+    pyproject.toml names one a torch build (``pytorch-<variant>``); read with a pattern, as
+    Python 3.10 has no TOML reader before the environment exists.
+    """
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    found = dict(UV_TORCH_INDEX.findall(text))
+    replaced: dict[str, str] = {}
+    for entry in env.get("UV_INDEX", "").split():
+        name, _, url = entry.partition("=")
+        replaced.setdefault(name, url)  # the first of a name is the one uv takes
+    return {name: replaced.get(name) or url for name, url in found.items()}
+
+
+def other_index(output: list[str], variant: str, env: dict[str, str]) -> tuple[str, str] | None:
+    """The index of another torch build that failed uv's output names (name, URL), if one did."""
+    for name, url in torch_indexes(env).items():
+        if name != f"pytorch-{variant}" and any(url.rstrip("/") in line for line in output):
+            return name, url
+    return None
+
+
 def uv_sync(uv: str, python_version: str, variant: str, extra: str, env: dict[str, str]) -> None:
-    """.venv as uv.lock says, with the variant's torch and the chosen extra."""
+    """.venv as uv.lock says, with the variant's torch and the chosen extra.
+
+    uv.lock holds torch of every build that pyproject.toml names, so that one lock serves the
+    laptop, CI and the cluster: making or updating it reads every build's index, while an
+    install from a current lock reads the variant's alone. A lock made where another build's
+    index does not answer fails; the line says so and names the ways out.
+    """
     env_dir = ROOT / ".venv"
     fix = FIX["wheels" if env.get("UV_OFFLINE") else "index"]
 
     def build(_fresh: bool) -> None:
-        step(uv_command(uv, python_version, variant, extra), env, "uv sync", fix)
+        try:
+            step(uv_command(uv, python_version, variant, extra), env, "uv sync", fix)
+        except StepError as err:
+            if (other := other_index(err.output, variant, env)) is None:
+                raise
+            name, url = other
+            raise InstallError(
+                f"uv sync failed ({err.reason}): uv.lock holds every torch build that "
+                f"pyproject.toml names, so making or updating it reads {url} ({name}) too; make "
+                "uv.lock where that index answers and commit it (an install from a current "
+                f"uv.lock reads the {variant} index alone), or name a mirror of it in the "
+                f"environment: UV_INDEX={name}=<url>"
+            ) from None
         check_installed(env_python("uv"), variant)
 
     transaction(env_dir, build)
 
 
 def build_requires() -> list[str]:
-    """pyproject.toml's build requirements (an editable install builds with them)."""
+    """pyproject.toml's build requirements (an editable install builds with them).
+
+    Python 3.10 has no TOML reader before the environment exists (tomli is one of the
+    project's dependencies): there the `requires` line of [build-system] is read as written.
+    """
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
     try:
         import tomllib  # noqa: PLC0415
-    except ModuleNotFoundError:  # Python 3.10: tomli is one of the project's dependencies
-        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415
-    with (ROOT / "pyproject.toml").open("rb") as file:
-        return list(tomllib.load(file)["build-system"]["requires"])
+    except ModuleNotFoundError:
+        section = text.partition("[build-system]")[2]
+        listed = re.search(r"^requires\s*=\s*\[([^\]]*)\]", section, re.M)
+        return re.findall(r"[\"']([^\"']+)[\"']", listed[1]) if listed else []
+    return list(tomllib.loads(text)["build-system"]["requires"])
+
+
+def downloader(route: str, found: dict[str, str], scratch: Path) -> str:
+    """A Python whose pip downloads dependency groups (25.1+), for this platform and Python.
+
+    The Python that runs this where its pip is new enough, else the environment's; else (a
+    fresh project, whose system Python brings an older pip or none) a throwaway venv in
+    `scratch` made by this Python, its pip upgraded from the package index: `make wheels`
+    runs where there is internet, and needs nothing installed first.
+    """
+    for python in (sys.executable, env_python(route)):
+        if pip_version(python) >= GROUP_PIP:
+            return python
+    venv = scratch / "pip"
+    step([sys.executable, "-m", "venv", str(venv)], dict(os.environ),
+         "creating a throwaway venv for pip", "install Python's venv module (python3-venv) "
+         "or load a Python module")  # fmt: skip
+    python = str(venv / "bin" / "python")
+    args, env = pip_sources(found)
+    step([python, "-m", "pip", "install", "--quiet", "--upgrade", *args, "pip>=25.1"], env,
+         "upgrading its pip", FIX["index"])  # fmt: skip
+    return python
 
 
 def download(route: str, variant: str, extra: str, found: dict[str, str], into: Path) -> None:
-    """Every wheel `make install` takes, for this platform and Python, into a folder.
+    """Every wheel `make install` takes, for this platform and Python, into a folder."""
+    with tempfile.TemporaryDirectory(prefix="make-wheels-") as scratch:
+        fetch(downloader(route, found, Path(scratch)), variant, extra, found, into)
 
-    pip of the Python that runs this where it knows dependency groups, else the environment's.
-    """
-    python = next(
-        (py for py in (sys.executable, env_python(route)) if pip_version(py) >= GROUP_PIP), ""
-    )
-    if not python:
-        raise InstallError("no pip of 25.1 or newer here (it downloads --group dev): make install")
+
+def fetch(python: str, variant: str, extra: str, found: dict[str, str], into: Path) -> None:
+    """Download with `python`'s pip: torch of the variant, then the project's packages."""
     into.mkdir(parents=True, exist_ok=True)
     version = torch_choice(python, variant, found)
     torch_args, torch_env = torch_sources(variant, found)
@@ -429,8 +522,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{target}: {err}", file=sys.stderr)
         return 1
     if args.download:
-        print(f"{target}: {into} holds what make install takes here; on a machine without "
-              f"internet (same platform and Python) name it as WHEELS={into} in .env")  # fmt: skip
+        print(f"{target}: {into} holds what {make_line('install', args.variant)} takes here; on a "
+              f"machine without internet (same platform and Python) name it as WHEELS={into} "
+              "in .env, then run that install")  # fmt: skip
     else:
         python = env_python(args.route)
         print(f"{target}: done, torch {installed_torch(python)} in {Path(python).parents[1]}/")

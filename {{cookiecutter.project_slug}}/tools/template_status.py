@@ -62,6 +62,14 @@ UP_TO_DATE, FAILED, BEHIND, UNRESOLVED, UNLINKED = 0, 1, 3, 4, 5
 # Worst first: a table exits with the status of its worst row. UNLINKED: a row of a project
 # made with plain cookiecutter, which records no template source (`make template-link`).
 SEVERITY = (FAILED, UNRESOLVED, BEHIND, UNLINKED, UP_TO_DATE)
+# Each exit status as the summary line under a table counts it.
+STANDING = {
+    FAILED: "unreadable",
+    UNRESOLVED: "with an update not finished",
+    BEHIND: "behind",
+    UNLINKED: "without a recorded source",
+    UP_TO_DATE: "up to date",
+}
 # A table fits this many columns unless --wide: the longest cells are cut, marked with "…".
 TABLE_WIDTH = 100
 NARROWEST = 8  # a cell cut narrower than this says too little
@@ -260,6 +268,20 @@ def releases(repo: Path) -> dict[Version, str]:
         if match := RELEASE_TAG.match(tag):
             found[(int(match[1]), int(match[2]), int(match[3]))] = tag
     return found
+
+
+def newest_release(repo: Path) -> tuple[Version, str]:
+    """The template's newest release and its git ref: what every command reports as newest.
+
+    The highest release tag; in a template without release tags, the version its newest
+    commit states (copier then records that commit), at HEAD, so the record and the report
+    still agree.
+    """
+    if tags := releases(repo):
+        newest = max(tags)
+        return newest, tags[newest]
+    cc = json.loads(_git("show", "HEAD:cookiecutter.json", cwd=repo))
+    return _version(cc["_template_version"], where="the template's cookiecutter.json"), "HEAD"
 
 
 def actions_needed(changelog: str) -> list[str]:
@@ -496,17 +518,8 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
             raise
         raise StatusError(f"{exc} (the template source recorded in {recorded[2]})") from None
     tags = releases(repo)
-    if tags:
-        newest = max(tags)
-        newest_ref = tags[newest]
-        behind_by = sum(1 for version in tags if version > current)
-    else:
-        # A template without release tags: its newest commit states the version (copier
-        # then records that commit), so the record and this report still agree.
-        cc = json.loads(_git("show", "HEAD:cookiecutter.json", cwd=repo))
-        newest = _version(cc["_template_version"], where="the template's cookiecutter.json")
-        newest_ref = "HEAD"
-        behind_by = int(newest > current)
+    newest, newest_ref = newest_release(repo)
+    behind_by = sum(1 for version in tags if version > current) if tags else int(newest > current)
     last = _last_update(root)
     status = Status(
         project=str(root),
@@ -679,7 +692,7 @@ def render_table(rows: list[dict[str, Any]], width: int | None = TABLE_WIDTH) ->
             ", ".join(row["action_needed"]) or "-", dirty, risk, row["last_update"] or "-",
         ])  # fmt: skip
     whole = [max(len(line[i]) for line in table if i < len(line)) for i in range(len(header))]
-    widths = fitted(whole, width)
+    widths = fitted(whole, width, [max(NARROWEST, len(name)) for name in header])
     span = sum(widths[:3]) + 2 * 3  # where a row's message starts
     lines = []
     for at, line in enumerate(table):
@@ -694,17 +707,28 @@ def render_table(rows: list[dict[str, Any]], width: int | None = TABLE_WIDTH) ->
         lines += [" " * span + more for more in wrapped[1:]]
     if widths != whole:
         lines.append(f"(… marks a cell cut to {width} columns: --wide or WIDE=1 shows it whole)")
+    lines.append(summary([row["exit_code"] for row in rows]))
     return "\n".join(lines)
 
 
-def fitted(widths: list[int], limit: int | None) -> list[int]:
-    """Column widths whose line (two spaces between) fits `limit`: the widest give way first."""
+def summary(codes: list[int]) -> str:
+    """The table's last line: how many repositories, and how many stand where (worst first)."""
+    counts = [f"{codes.count(code)} {STANDING[code]}" for code in SEVERITY if code in codes]
+    noun = "repository" if len(codes) == 1 else "repositories"
+    return f"{len(codes)} {noun}: {', '.join(counts) or 'none'}"
+
+
+def fitted(widths: list[int], limit: int | None, floors: list[int]) -> list[int]:
+    """Column widths whose line (two spaces between) fits `limit`: the widest give way first.
+
+    None goes below its floor: the names of the columns stay whole.
+    """
     widths = list(widths)
     while limit is not None and sum(widths) + 2 * (len(widths) - 1) > limit:
-        widest = max(range(len(widths)), key=widths.__getitem__)
-        if widths[widest] <= NARROWEST:
+        wider = [i for i, floor in enumerate(floors) if widths[i] > floor]
+        if not wider:
             break
-        widths[widest] -= 1
+        widths[max(wider, key=widths.__getitem__)] -= 1
     return widths
 
 

@@ -31,8 +31,10 @@ from template_status import (
     StatusError,
     Templates,
     _git_bytes,
+    _show,
     conflict_markers,
     load_record,
+    newest_release,
     project_status,
     recorded_source,
     releases,
@@ -87,14 +89,21 @@ def run_engine(command: list[str], root: Path, what: str) -> None:
 
 
 def check_ref(repo: Path, ref: str, source: str) -> None:
-    """Refuse a ``ref`` the template does not have, naming its newest releases."""
+    """Refuse a ``ref`` the template does not have, naming its newest release.
+
+    The newest release is the one `make template-status` names (``newest_release``); the
+    release tags before it follow.
+    """
     missing, _ = _git_bytes("rev-parse", "--verify", "--quiet", ref + "^{commit}", cwd=repo,
                             ok=range(2))  # fmt: skip
     if missing:
-        tags = [tag for _, tag in sorted(releases(repo).items(), reverse=True)]
-        newest = ", ".join(tags[:5]) or "none"
-        message = f"REF={ref}: the template {source} has no such release (newest: {newest})"
-        raise StatusError(message)
+        version, at = newest_release(repo)
+        older = [tag for _, tag in sorted(releases(repo).items(), reverse=True)][1:5]
+        before = f"; before it: {', '.join(older)}" if older else ""
+        raise StatusError(
+            f"REF={ref}: the template {source} has no such release (newest release: "
+            f"{_show(version)} ({at}){before})"
+        )
 
 
 def update_command(status: Status, ref: str) -> list[str]:

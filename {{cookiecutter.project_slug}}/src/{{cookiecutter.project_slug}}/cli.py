@@ -128,7 +128,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.run:
         check_run_name(args.run, "--run")
     run_dir = settings.runs_dir / args.run if args.run else latest_run(settings.runs_dir)
-    out = args.out or run_dir / ("adapters" if args.adapters else "export")
+    default = "adapters" if args.adapters else f"export-{args.module}" if args.module else "export"
+    out = args.out or run_dir / default
     _limit_threads()
     export_run(
         run_dir,
@@ -138,10 +139,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.dtype,
         adapters=args.adapters,
         shard_gb=args.shard_gb,
+        module=args.module or "",
     )
     weights = sorted(out.glob("*.safetensors"))
     size_mb = sum(path.stat().st_size for path in weights) / 1e6
-    what = "LoRA adapters" if args.adapters else "model"
+    what = "LoRA adapters" if args.adapters else f"module {args.module}" if args.module else "model"
     print(f"wrote {out}: {what}, {args.weights} weights, {args.dtype}, {size_mb:.1f} MB")
     print(f"  {', '.join(path.name for path in sorted(out.iterdir()))}")
     return 0
@@ -161,6 +163,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         mode=args.mode,
         name=args.name,
         figure=not args.no_figure,
+        wide=args.wide,
     )
     return 1 if any(run.problem for run in runs) else 0  # a damaged run: said, and exit 1
 
@@ -301,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--shard-gb", type=float, default=5.0, help="largest safetensors file (default: 5)"
     )
+    export.add_argument(
+        "--module",
+        help="only this submodule of the model, e.g. a distillation's student "
+        "(default folder: runs/<run>/export-<module>)",
+    )
     export.set_defaults(func=cmd_export)
 
     sweep = sub.add_parser(
@@ -330,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", default="compare", help="reports/NAME.csv, NAME.md, figures/NAME.png"
     )
     compare.add_argument("--no-figure", action="store_true", help="skip the figure")
+    compare.add_argument(
+        "--wide",
+        action="store_true",
+        help="print every column, as reports/NAME.md holds them (default: what fits 100 columns)",
+    )
     compare.set_defaults(func=cmd_compare)
 
     sources.add_source_commands(rawdata.add_data_command(sub))

@@ -53,6 +53,13 @@ class RunConfig:
     debug: bool = False  # NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, OOM allocation history
 
 
+# Settings of one segment (one start of `train`), not of the run: each start takes its own
+# and the run trains the same whatever they were, so a resume names no change of them.
+PER_SEGMENT = frozenset(
+    {"run.max_steps_this_segment", "run.profile_steps", "run.progress", "run.debug"}
+)
+
+
 @dataclass
 class DataConfig:
     """Where the data comes from and how batches are fed to the model."""

@@ -202,11 +202,14 @@ class Task(ABC):
         """The optimizer's parameter groups.
 
         A group may set its own "lr" and a "name" (each named group's learning rate is logged
-        as `lr_<name>`). Default: weight decay on matrices and kernels only, not on biases and
-        norm scales.
+        as `lr_<name>`). Default: the parameters that train when the optimizer is built
+        (`requires_grad`: a teacher or base frozen in `build_model` has nothing to step), with
+        weight decay on matrices and kernels only, not on biases and norm scales. A parameter
+        left out stays out: to unfreeze one later, freeze it in `on_epoch_start` instead.
         """
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        rest = [p for p in model.parameters() if p.ndim < 2]
+        trained = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in trained if p.ndim >= 2]
+        rest = [p for p in trained if p.ndim < 2]
         return [
             {"params": decay, "weight_decay": self.cfg.train.weight_decay},
             {"params": rest, "weight_decay": 0.0},
@@ -370,7 +373,11 @@ class Task(ABC):
         """The metrics (named in `metrics`) from the added-up sums of a split."""
 
     def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
-        """Figures of a split from its sums (the training curves are drawn for every task)."""
+        """Figures of a split from its sums (the training curves are drawn for every task).
+
+        `out_dir` is the run's figure folder, reports/figures/<run>: its name is the run's,
+        for a title that names the run.
+        """
         del sums, out_dir, split
         return []
 

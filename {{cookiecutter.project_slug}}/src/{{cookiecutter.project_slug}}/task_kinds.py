@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-from .observe.plots import plot_confusion, plot_true_vs_predicted
+from .observe.plots import plot_confusion, plot_true_vs_predicted, run_title
 from .task import Batch, Task
 
 
@@ -61,9 +61,12 @@ class Classification(Task):
         return metrics
 
     def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
-        """The confusion matrix of the split."""
+        """The confusion matrix of the split, titled with the run and the accuracy."""
         name = "confusion_matrix.png" if split == "val" else f"confusion_matrix_{split}.png"
-        return [plot_confusion(sums["confusion"].cpu(), self.classes, out_dir, split, name)]
+        confusion = sums["confusion"].cpu()
+        accuracy = confusion.diag().sum().item() / max(confusion.sum().item(), 1)
+        title = run_title(out_dir, split, {"accuracy": accuracy})
+        return [plot_confusion(confusion, self.classes, out_dir, title, name)]
 
 
 def auroc(probabilities: torch.Tensor, labels: torch.Tensor, classes: int) -> float:
@@ -127,6 +130,11 @@ class Regression(Task):
         return {"loss": mse, "rmse": mse**0.5, "r2": (1 - sse / total).mean().item()}
 
     def figures(self, sums: dict[str, torch.Tensor], out_dir: Path, split: str) -> list[Path]:
-        """A 2-D histogram of (true, predicted) values of every output."""
+        """A 2-D histogram of (true, predicted) values of every output; RMSE and R² in its title.
+
+        Both as this class computes them: the histogram comes from its own `evaluate`.
+        """
         name = "true_vs_predicted.png" if split == "val" else f"true_vs_predicted_{split}.png"
-        return [plot_true_vs_predicted(sums["hist"].cpu(), self.figure_range, out_dir, split, name)]
+        metrics = Regression.summarize(self, sums)
+        title = run_title(out_dir, split, {"rmse": metrics["rmse"], "r2": metrics["r2"]})
+        return [plot_true_vs_predicted(sums["hist"].cpu(), self.figure_range, out_dir, title, name)]

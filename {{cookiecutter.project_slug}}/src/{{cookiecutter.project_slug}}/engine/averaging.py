@@ -25,10 +25,11 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class EMA:
     """An exponential moving average of a model's trainable weights.
 
-    `decay` is the weight of the old average at each update; `warmup` steps of a lower decay
-    `(1 + step) / (10 + step)` first, so that the average does not remember the random start
-    for thousands of steps. `use`: validation, `evaluate`, `export` and `model_figures`
-    use the averaged weights instead of the trained ones (best.pt holds them too).
+    `decay` is the weight of the old average at each update; with `warmup` the update after
+    `step` steps uses `min(decay, (1 + step) / (10 + step))`, so that the average does not
+    remember the random start for thousands of steps: `decay` takes over from step
+    `(10 decay - 1) / (1 - decay)` (890 for 0.99). `use`: validation, `evaluate`, `export` and
+    `model_figures` use the averaged weights instead of the trained ones (best.pt holds them too).
     """
 
     def __init__(self, decay: float, *, use: bool = True, warmup: bool = True) -> None:

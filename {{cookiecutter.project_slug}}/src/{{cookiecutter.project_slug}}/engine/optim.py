@@ -84,6 +84,38 @@ def restore(
             _reapply(opt, scheduler, values)
 
 
+def without_frozen(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer state saved with frozen parameters in its groups, fitted to `optimizer`.
+
+    Before the default groups left frozen parameters out (a teacher, `Task.param_groups`),
+    checkpoints listed them too. They never had a gradient, so they hold no state: a group
+    longer than `optimizer`'s loses its entries without state, if what remains matches in
+    number and every state tensor in shape. Any other state is returned as it is, and
+    loading it fails as a changed set of groups does (`restore`). (ddp's states are listed
+    by position; fsdp's are keyed by parameter name and load as they are.)
+    """
+    groups, mine = saved.get("param_groups", []), optimizer.param_groups
+    if len(groups) != len(mine) or all(
+        len(g["params"]) == len(m["params"]) for g, m in zip(groups, mine, strict=True)
+    ):
+        return saved
+    state, fitted = saved.get("state", {}), []
+    for group, own in zip(groups, mine, strict=True):
+        kept = group["params"]
+        if len(kept) > len(own["params"]):
+            kept = [i for i in kept if state.get(i)]
+        if len(kept) != len(own["params"]):
+            return saved
+        for i, param in zip(kept, own["params"], strict=True):
+            values = state.get(i, {}).values()
+            if any(
+                isinstance(v, torch.Tensor) and v.ndim and v.shape != param.shape for v in values
+            ):
+                return saved
+        fitted.append({**group, "params": kept})
+    return {**saved, "param_groups": fitted}
+
+
 def _reapply(
     optimizer: torch.optim.Optimizer, scheduler: LambdaLR, fresh: list[tuple[Any, Any]]
 ) -> None:

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..task import Task
-from . import distributed
+from . import distributed, optim
 from .checkpoint import load_model
 from .distributed import DistEnv
 from .initial_weights import InitialWeights
@@ -308,7 +308,7 @@ class Strategy:
         for opt, opt_state in zip(
             stepped.optimizers, saved if isinstance(saved, list) else [saved], strict=True
         ):
-            opt.load_state_dict(opt_state)
+            opt.load_state_dict(optim.without_frozen(opt_state, opt))
         load_averaged(stepped, state, source)
 
     def check_frozen(self, net: nn.Module, frozen: dict[str, Any] | None, source: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config, to_dict, to_toml
+from ..config import PER_SEGMENT, Config, to_dict, to_toml
 from ..data.failures import ReadError, ReadFailure
 from ..data.processed import stage
 from ..errors import CheckpointError, ConfigError, DataError
@@ -97,11 +97,12 @@ def run_name(cfg: Config, env: Mapping[str, str]) -> str:
 
 
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`key: old -> new` of each setting of the run that differs (PER_SEGMENT's are not)."""
     return [
         f"{section}.{key}: {old.get(section, {}).get(key)!r} -> {value!r}"
         for section, table in new.items()
         for key, value in table.items()
-        if old.get(section, {}).get(key) != value
+        if old.get(section, {}).get(key) != value and f"{section}.{key}" not in PER_SEGMENT
     ]
 
 
@@ -610,6 +611,7 @@ class Trainer:
         log_every, val_every = self.log_every, self.cfg.run.val_every_steps
         while self.pos.epoch < self.cfg.train.epochs and not self.at_end():
             self.task.on_epoch_start(self.net, self.pos.epoch)
+            self.update.check_left_out()
             self.batches.set_epoch(self.pos.epoch)
             self.model.train()
             self.task.on_mode(self.net, True)

@@ -58,6 +58,14 @@ class Update:
             self.model = strategy.for_several(self.net, self.model)
         self.optimizers = list(self.named.values())
         self.schedules = [task.schedule(o, total_steps) for o in self.optimizers]
+        # Frozen now and in no optimizer (the default groups leave frozen parameters out):
+        # one the task unfreezes later would never change, so `check_left_out` refuses it.
+        held = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
+        self.left_out = [
+            (n, p)
+            for n, p in self.net.named_parameters()
+            if not p.requires_grad and id(p) not in held
+        ]
         self.dtype = autocast_dtype(cfg.train.precision, device)
         # fp32: no autocast context at all (a disabled one still costs microseconds a step).
         cast = partial(torch.autocast, device.type, self.dtype)
@@ -88,6 +96,15 @@ class Update:
                             f"task {self.task.name}: optimizers {other!r} and {name!r} share "
                             "parameters; each parameter belongs to one optimizer"
                         )
+
+    def check_left_out(self) -> None:
+        """Refuse a parameter left out of the optimizers as frozen that the task unfroze since."""
+        if woken := [name for name, p in self.left_out if p.requires_grad]:
+            raise ConfigError(
+                f"task {self.task.name}: parameter {woken[0]} ({len(woken)} in all) was frozen "
+                "when the optimizer was built, so no optimizer holds it, and trains now: it "
+                "would never change; freeze it in on_epoch_start instead of build_model"
+            )
 
     # --- what the rest of the engine reads --------------------------------------------
     @property

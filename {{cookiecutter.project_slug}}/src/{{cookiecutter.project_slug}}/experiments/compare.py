@@ -15,7 +15,9 @@ GPU hours over all segments (`summary.json`'s `whole_run`) and a status:
 - failed: no report, and nothing holds the lock (killed or crashed before its first report).
 
 Rows are sorted by the main metric's best value: `--metric`, else the runs' `run.best_metric`,
-else `loss`. No torch here: on a login node the table takes a second.
+else `loss`. The terminal gets a table that fits WIDTH columns (`short_table`); `--wide`
+prints every column, as reports/NAME.csv and .md always hold them. No torch here: on a login
+node the table takes a second.
 """
 
 import contextlib
@@ -27,6 +29,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +51,14 @@ HIGHER_IS_BETTER = {"accuracy", "acc", "r2", "f1", "precision", "recall", "auc",
 HIGHER_IS_BETTER |= {"dice", "bleu", "map", "top1", "top5"}
 # Settings that differ between any two runs and say nothing about them.
 IGNORED = {"run.name"}
-# How many of the best runs the figure draws in colour, with their names.
+# How many of the best runs the figure draws in colour, with their names and best values.
 HIGHLIGHT = 3
+# The terminal's table fits this many columns (a terminal, a side-by-side editor pane); the
+# reports keep every column, and so does `--wide`.
+WIDTH = 100
+# In the terminal's table, a setting's name or value longer than this is cut, with an ellipsis:
+# a name keeps its end (the key), a value its start.
+CELL = 16
 
 
 @dataclass
@@ -301,6 +310,7 @@ def differing(runs: Sequence[Run]) -> list[str]:
 
 
 Cell = str | int | float | None
+Column = tuple[str, list[Cell]]  # a header and the cells below it
 
 
 def _fmt(value: Cell) -> str:
@@ -329,6 +339,74 @@ def table(runs: Sequence[Run], metric: str) -> tuple[list[str], list[list[Cell]]
         row += [run.step, run.total_steps, run.segments, run.wall_h, run.gpu_h]
         rows.append(row)
     return header, rows
+
+
+def _cut(text: str, keep_end: bool = False) -> str:
+    """`text` in at most CELL characters, an ellipsis where it was cut."""
+    if len(text) <= CELL:
+        return text
+    return "…" + text[1 - CELL :] if keep_end else text[: CELL - 1] + "…"
+
+
+def _steps(run: Run) -> str:
+    """Steps done of the planned ones, `26/40`; `-` for one not known."""
+    if run.step is None and run.total_steps is None:
+        return "-"
+    return f"{_fmt(run.step)}/{_fmt(run.total_steps)}"
+
+
+def _width(columns: Sequence[Column]) -> int:
+    """How wide `as_text` prints these columns."""
+    widths = [max([len(h), *(len(_fmt(c)) for c in cells)]) for h, cells in columns]
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def short_table(
+    runs: Sequence[Run], metric: str, width: int = WIDTH
+) -> tuple[list[str], list[list[Cell]], list[str]]:
+    """The terminal's table: header, rows and the headers of the columns left out.
+
+    The columns of `table` less the final values and the other metrics' best steps, with the
+    steps as `done/planned` and the settings' names and values cut to CELL characters (the
+    run's name stays whole: it is what a pattern matches). Wider than `width`, it leaves out
+    columns, the least telling first: segments, wall hours, the other metrics (the last
+    first), then the settings (the last first). The run, its status, the main metric's best
+    value and its step, the steps and the GPU hours always stay.
+    """
+    settings = differing(runs)
+    others = sorted({m for r in runs for m in r.curves} - {metric})
+
+    def best(name: str, part: int) -> list[Cell]:
+        return [found[part] if (found := r.best.get(name)) else None for r in runs]
+
+    setting_columns: list[Column] = [
+        (_cut(key, keep_end=True), [_cut(_fmt(r.settings.get(key))) for r in runs])
+        for key in settings
+    ]
+    other_columns: list[Column] = [(f"{m} best", best(m, 0)) for m in others]
+    segments: Column = ("segments", [r.segments for r in runs])
+    wall: Column = ("wall h", [r.wall_h for r in runs])
+    columns: list[Column] = [
+        ("run", [r.name for r in runs]),
+        ("status", [r.status for r in runs]),
+        *setting_columns,
+        (f"{metric} best", best(metric, 0)),
+        ("at step", best(metric, 1)),
+        *other_columns,
+        ("steps", [_steps(r) for r in runs]),
+        segments,
+        wall,
+        ("GPU h", [r.gpu_h for r in runs]),
+    ]
+    droppable = [segments, wall, *reversed(other_columns), *reversed(setting_columns)]
+    left_out = []
+    while _width(columns) > width and droppable:
+        gone = droppable.pop(0)
+        columns = [column for column in columns if column is not gone]
+        left_out.append(gone[0])
+    header = [h for h, _ in columns]
+    rows = [list(row) for row in zip(*(cells for _, cells in columns), strict=True)]
+    return header, rows, left_out
 
 
 def as_text(header: list[str], rows: list[list[Cell]]) -> str:
@@ -383,9 +461,11 @@ def run_compare(
     mode: str = "",
     name: str = "compare",
     figure: bool = True,
+    wide: bool = False,
 ) -> list[Run]:
     """Print the table; write reports/NAME.csv, .md and figures/NAME.png; return the runs.
 
+    The printed table fits WIDTH columns, or holds every column (`wide`), as the reports do.
     A damaged run is a row of its own (status "damaged") and one line on stderr naming its file.
     """
     runs = [read_run(p) for p in select(runs_dir, patterns)]
@@ -395,9 +475,17 @@ def run_compare(
     metric, mode = main_metric(runs, metric, mode)
     runs = score(runs, metric, mode)
     header, rows = table(runs, metric)
-    print(f"{len(runs)} run(s) in {runs_dir}, best {metric} ({mode}) first")
-    print(as_text(header, rows))
     written = [reports_dir / f"{name}.csv", reports_dir / f"{name}.md"]
+    print(f"{len(runs)} run(s) in {runs_dir}, best {metric} ({mode}) first")
+    if wide:
+        print(as_text(header, rows))
+    else:
+        short_header, short_rows, left_out = short_table(runs, metric)
+        print(as_text(short_header, short_rows))
+        if left_out:
+            where = f"{reports_dir.name}/{written[1].name}"
+            note = f"not shown: {', '.join(left_out)}; every column: --wide, or {where}"
+            print(textwrap.fill(note, WIDTH, subsequent_indent="  "))
     figure_path = reports_dir / "figures" / f"{name}.png"
     check_ours(written[0], [written[1], figure_path])
     reports_dir.mkdir(parents=True, exist_ok=True)
@@ -406,7 +494,7 @@ def run_compare(
     if figure:
         from ..observe.plots import plot_overlay  # noqa: PLC0415  (matplotlib: slow import)
 
-        best = [r.name for r in runs[:HIGHLIGHT] if metric in r.best]
+        best = {r.name: r.best[metric] for r in runs[:HIGHLIGHT] if metric in r.best}
         curves = {r.name: r.curves.get(metric, []) for r in runs}
         written.append(plot_overlay(curves, best, metric, figure_path))
     for path in written:

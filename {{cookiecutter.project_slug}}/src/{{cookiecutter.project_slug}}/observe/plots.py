@@ -1,7 +1,9 @@
 """PNG figures: training curves, confusion matrix, true vs predicted, runs overlaid (`compare`).
 
-matplotlib's file-only "Agg" backend is selected explicitly: compute nodes have no display.
-torch is imported for type hints only, so `compare` draws without loading it.
+Every figure names its run (or, `compare`'s, its runs) and the metric with its value, so a
+figure copied into a report or a chat still says what it shows. matplotlib's file-only "Agg"
+backend is selected explicitly: compute nodes have no display. torch is imported for type
+hints only, so `compare` draws without loading it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,16 @@ def best_text(rows: list[dict[str, str]], best_metric: str, best_mode: str) -> s
     return f": best validation {name} {value:.4g} at step {step}"
 
 
+def run_title(out_dir: Path, split: str, metrics: dict[str, float]) -> str:
+    """`run 4711_3: test, accuracy 0.953`: a split's figure title.
+
+    `out_dir` is the run's figure folder, reports/figures/<run> (the trainer's and
+    `evaluate`'s), so its name is the run's.
+    """
+    values = "".join(f", {name} {value:.4g}" for name, value in metrics.items())
+    return f"run {out_dir.name}: {split}{values}"
+
+
 def plot_confusion(
     matrix: torch.Tensor,
     classes: Sequence[str],
@@ -145,7 +157,7 @@ def plot_true_vs_predicted(
         hist.T.log1p().tolist(), origin="lower", extent=(-edge, edge, -edge, edge), cmap="Blues"
     )
     ax.plot([-edge, edge], [-edge, edge], color="tab:red", linewidth=0.8)
-    ax.set(xlabel="true (standardised)", ylabel="predicted", title=f"{title}: true vs predicted")
+    ax.set(xlabel="true (standardised)", ylabel="predicted", title=title)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name
     fig.savefig(path, dpi=120)
@@ -154,18 +166,35 @@ def plot_true_vs_predicted(
 
 
 def plot_overlay(
-    curves: dict[str, list[tuple[int, float]]], best: list[str], metric: str, path: Path
+    curves: dict[str, list[tuple[int, float]]],
+    best: dict[str, tuple[float, int]],
+    metric: str,
+    path: Path,
 ) -> Path:
-    """Validation `metric` against the step, one line per run; the `best` runs in colour."""
+    """Validation `metric` against the step, one line per run; the `best` runs in colour.
+
+    `best` holds the runs drawn in colour, best first, with their best value and its step:
+    each is marked on its line with the value written beside it, and named in the legend.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     for name, points in curves.items():
         if points and name not in best:
             ax.plot(*zip(*points, strict=True), color="0.75", linewidth=0.8)
-    for rank, name in enumerate(best, 1):  # drawn last: on top of the others
+    for rank, (name, (value, step)) in enumerate(best.items(), 1):  # last: on top of the others
         if curves.get(name):
-            ax.plot(
-                *zip(*curves[name], strict=True), marker=".", linewidth=2, label=f"{rank}. {name}"
+            label = f"{rank}. {name}: {value:.4g} at step {step}"
+            (line,) = ax.plot(
+                *zip(*curves[name], strict=True), marker=".", linewidth=2, label=label
+            )
+            ax.plot(step, value, marker="o", markersize=9, fillstyle="none", color=line.get_color())
+            ax.annotate(
+                f"{value:.4g}",
+                (step, value),
+                xytext=(6, 6),
+                textcoords="offset points",
+                color=line.get_color(),
+                fontsize=8,
             )
     others = sum(1 for n, p in curves.items() if p and n not in best)
     title = f"validation {metric}: {len(curves)} runs" + (f", {others} in grey" if others else "")
@@ -173,7 +202,7 @@ def plot_overlay(
     if metric == "loss":
         ax.set_yscale("log")
     if best:
-        ax.legend(title="best")
+        ax.legend(title=f"best {metric}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -10,6 +10,13 @@ The folder holds:
 - `config.toml`, the run's configuration (the task's `build_model` rebuilds the network), and
   `export.json`, the record that makes the folder recognisably this run's export.
 
+`module` exports one part of the model (a distillation's student without its teacher): the
+tensors of that submodule, named as inside it, so the folder loads into that module alone
+(`module.load_state_dict(read_weights(out))`, or `model.init_from` of a run whose model it
+is). A command-line choice rather than a task hook: the whole model stays exportable from the
+same run, and a run trained before needs no change of code. The hub files describe the whole
+model, so they are left out.
+
 A LoRA run (a `task.LowRankAdapted` model, e.g. `blocks/transformer.LoRA`) is exported
 merged: each adapted layer's weight plus `scale * B A`, under the base model's names, so the
 folder is an ordinary model. With `adapters=True` the adapters alone are written as a `peft`
@@ -198,6 +205,20 @@ def _frozen_names(
     return renamed
 
 
+def _part(net: nn.Module, module: str) -> str:
+    """The prefix of the exported names in the run's model: `module`'s, or LoRA's base's."""
+    if not module:
+        return "base." if isinstance(net, LowRankAdapted) else ""
+    try:
+        net.get_submodule(module)
+    except AttributeError:
+        parts = ", ".join(name for name, _ in net.named_children()) or "none"
+        raise ConfigError(
+            f"--module {module}: the run's model has no such submodule (its parts: {parts})"
+        ) from None
+    return f"{module}."
+
+
 def _layout(net: nn.Module) -> tuple[list[str], dict[str, str]]:
     """The model's tensor names to export (one name per tied tensor), and LoRA's merges.
 
@@ -237,12 +258,20 @@ def _merged(source: Source, names: list[str], merges: dict[str, str]) -> dict[st
     return tensors
 
 
-def _write_model(source: Source, tmp: Path, dtype: str, shard_gb: float) -> Iterator[Path]:
-    """The (merged) model as safetensors shards with their index; yields each file written."""
+def _write_model(
+    source: Source, tmp: Path, dtype: str, shard_gb: float, module: str = ""
+) -> Iterator[Path]:
+    """The (merged) model, or its `module`, as safetensors shards with their index.
+
+    Yields each file written.
+    """
     from safetensors.torch import save_file  # noqa: PLC0415  (export only)
 
+    prefix = _part(source.net, module)
     names, merges = _layout(source.net)
-    prefix = "base." if isinstance(source.net, LowRankAdapted) else ""
+    names = [n for n in names if n.startswith(prefix)]
+    if module and not names:
+        raise ConfigError(f"--module {module}: holds no tensors to export")
     shapes = {**source.ckpt.shapes, **{n: list(p.shape) for n, p in source.net.named_parameters()}}
     width = torch.finfo(DTYPES[dtype]).bits // 8
     sizes = {n: width * int(torch.Size(shapes[n]).numel()) for n in names}
@@ -319,8 +348,11 @@ def export_run(
     *,
     adapters: bool = False,
     shard_gb: float = 5.0,
+    module: str = "",
 ) -> Path:
     """Write the model folder (or, with `adapters`, the adapter folder); return `out_dir`.
+
+    `module`: only that submodule of the model (e.g. "student"), its tensors named as in it.
 
     Written into a temporary folder beside `out_dir` and renamed into place: an interrupted
     export leaves the previous one (or none), never half a folder. `out_dir` must be new or an
@@ -328,11 +360,13 @@ def export_run(
     """
     if shard_gb <= 0:
         raise ConfigError(f"--shard-gb: must be > 0, got {shard_gb}")
+    if module and adapters:
+        raise ConfigError("--module: a part of the model, or --adapters: the adapters; not both")
     check_out(out_dir, run_dir)
     source = Source(run_dir, which, settings)
     yours = added_by_user(out_dir, source.init)
     record: dict[str, Any] = {"run": run_dir.name, "step": source.ckpt.step, "weights": which}
-    record |= {"dtype": dtype, "adapters": adapters}
+    record |= {"dtype": dtype, "adapters": adapters, "module": module or None}
     from safetensors import SafetensorError  # noqa: PLC0415  (export only)
 
     mode = _new_file_mode()  # the folder itself is made by mkdir, which follows the umask
@@ -341,8 +375,9 @@ def export_run(
             if adapters:
                 list(_write_adapters(source, tmp, dtype))
             else:
-                list(_write_model(source, tmp, dtype, shard_gb))
-                list(_hub_files(source, tmp, dtype))
+                list(_write_model(source, tmp, dtype, shard_gb, module))
+                if not module:  # the hub's config.json describes the whole model
+                    list(_hub_files(source, tmp, dtype))
             (tmp / "config.toml").write_text(to_toml(source.cfg), encoding="utf-8")
             record["files"] = sorted([*(p.name for p in tmp.iterdir()), RECORD])
             (tmp / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
