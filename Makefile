@@ -44,6 +44,11 @@ REMOTE ?= origin
 # environment variables (`$$PYTEST_ARGS` in a recipe), never pasted into its text: make would
 # hand `$(...)` or backticks in a value to the shell to run.
 export TORCH PYTEST_ARGS TEST_WORKERS REPOS JSON TEMPLATE REMOTE
+# PYTEST_ARGS reach pytest as typed (PYTEST_ARGS="-k 'bake and not cruft'"): split into words
+# as a shell splits them, quotes honoured, nothing expanded or run, by the generated project's
+# tools/with_args.py, the splitter of its own ARGS (standard library only).
+PYTEST = ARGS="$$PYTEST_ARGS" $(PYTHON) '{{cookiecutter.project_slug}}/tools/with_args.py' \
+	$(BIN)/python -m pytest
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test test-all sync bench bench-install release publish fleet clean
@@ -91,15 +96,14 @@ demo: $(DEMO_STAMP) ## Bake the default project into build/demo and run its exam
 	@echo "Figures: $(DEMO)/my_hpc_project/reports/figures/demo"
 
 test: $(STAMP) ## The quick set: answers, bakes, engines, lint, docs, updates (no Slurm)
-	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile -m "not slurm" $(QUICK_TESTS) \
-		$$PYTEST_ARGS
+	@$(PYTEST) -n "$$TEST_WORKERS" --dist loadfile -m "not slurm" $(QUICK_TESTS)
 
 test-all: $(STAMP) ## Every test, as CI runs them: adds generated suites, tutorial, environments, Slurm
 	@# Exit status 5 is "no test selected": PYTEST_ARGS may name only one of the two kinds.
 	@# --no-loadscope-reorder: files in the order collected, the longest first (tests/conftest.py).
-	$(BIN)/python -m pytest -n "$$TEST_WORKERS" --dist loadfile --no-loadscope-reorder \
-		-m "not slurm" $$PYTEST_ARGS || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -m slurm $$PYTEST_ARGS || [ $$? -eq 5 ]
+	@$(PYTEST) -n "$$TEST_WORKERS" --dist loadfile --no-loadscope-reorder -m "not slurm" \
+		|| [ $$? -eq 5 ]
+	@$(PYTEST) -m slurm || [ $$? -eq 5 ]
 
 sync: $(STAMP) ## Regenerate copier.yml, the presets in cookiecutter.json and the options page
 	$(BIN)/python tools/sync_questions.py

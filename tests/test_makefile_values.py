@@ -179,6 +179,23 @@ def test_a_value_reaches_the_program_as_quoted(
     assert stub_argv(default_bake.project, stub, target, **values) == argv
 
 
+@pytest.mark.parametrize("target", ["test", "test-all"])
+def test_the_templates_pytest_args_reach_pytest_as_quoted(
+    stub: Path, tmp_path: Path, target: str
+) -> None:
+    """The template's own `make test PYTEST_ARGS="-k 'a or b'"`: one word per quoted part."""
+    venv_bin = tmp_path / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "python").symlink_to(stub / "stub")
+    stamp = tmp_path / "installed"  # newer than requirements-test.txt: no install
+    stamp.touch()
+    done = run_make(ROOT, target, BIN=str(venv_bin), STAMP=str(stamp), PYTEST_ARGS=ARGS)
+    printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert len(printed) == (2 if target == "test-all" else 1), done.stdout + done.stderr
+    for argv in printed:  # test-all: the tests without Slurm, then the Slurm tests
+        assert argv[:2] == ["-m", "pytest"] and argv[-len(WORDS) :] == WORDS, argv
+
+
 def test_unbalanced_quotes_in_args_stop_with_one_line(default_bake: Bake, stub: Path) -> None:
     done = run_make(default_bake.project, "compare", PY=str(stub / "stub"), ARGS="'lr-*", **TOOLS)
     assert done.returncode != 0 and not done.stdout
