@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,26 @@ def run_cli(
             signal_all(hung, signal.SIGKILL)
             pytest.fail(f"{' '.join(args)}: still running after {timeout} s\n{out}\n{err}")
     return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+@pytest.fixture
+def cli_here(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_cli` in this process: `cli.main(args)` (what `python -m` calls) from `project`.
+
+    For a command that ends before any DataLoader worker starts: its exit code and what it
+    printed are the package's own either way, and a process of its own costs seconds to start.
+    """
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        monkeypatch.chdir(project)
+        capsys.readouterr()  # what the test printed before
+        code = pkg("cli").main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["cli.main", *args], code, out.out, out.err)
+
+    return run
 
 
 def run_ranks(project: Path, *args: str, n: int = 2) -> list[subprocess.CompletedProcess[str]]:

@@ -41,10 +41,27 @@ LINE = re.compile(
 )
 
 
-def kinds() -> list[object]:
-    """Every kind; those that need the datasets extra skip without it."""
+# On 1 process the quick set (`make test`) stops one kind for each way a damaged file is
+# found and named: a task's own reader (plain: the file it opened last), the tar reader (it
+# names the file), parquet (hf: the files read are checked) and map-style data. The kinds that
+# differ from these only in how their position is kept (stateful, buffered, hf-own) and every
+# kind on 2 processes run with the slow tests (`make test-all`, CI).
+QUICK_KINDS = ("plain", "tar", "hf", "map")
+
+
+def layouts() -> list[object]:
+    """Every kind on 1 and 2 processes; those that need the datasets extra skip without it."""
     return [
-        pytest.param(kind, marks=[NEEDS_DATASETS] if kind.startswith("hf") else [])
+        pytest.param(
+            kind,
+            processes,
+            marks=[
+                *([NEEDS_DATASETS] if kind.startswith("hf") else []),
+                *([] if processes == 1 and kind in QUICK_KINDS else [pytest.mark.slow]),
+            ],
+            id=f"{kind}-{processes}",
+        )
+        for processes in (1, 2)
         for kind in faults.KINDS
     ]
 
@@ -81,8 +98,7 @@ def damaged_run(project: Path, kind: str, processes: int, *args: str) -> tuple[i
     return stopped_on_damage(outs, damaged), damaged, whole
 
 
-@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("kind", kinds())
+@pytest.mark.parametrize(("kind", "processes"), layouts())
 def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
     project: Path, kind: str, processes: int
 ) -> None:

@@ -6,7 +6,9 @@ import io
 import pickle
 import re
 import shutil
+import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +120,11 @@ def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> 
 
 @pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
 def test_a_datasets_stream_shuffled_through_its_own_buffer_is_refused_at_the_start(
-    project: Path,
+    project: Path, cli_here: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     """Its state holds no buffer contents, and its resume died in a worker: never trained."""
     pkg("data.processed").prepare(load("task.kind=hf"))
-    out = run_cli(
-        "train", *COMMON, "task.name=toy_tasks.hf_as_is", "run.name=as-is", project=project
-    )
+    out = cli_here("train", *COMMON, "task.name=toy_tasks.hf_as_is", "run.name=as-is")
     assert out.returncode == 1
     assert "Traceback" not in out.stdout + out.stderr
     [line] = out.stderr.splitlines()

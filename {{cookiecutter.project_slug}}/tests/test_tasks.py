@@ -11,6 +11,7 @@ import multiprocessing
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +323,7 @@ def test_frozen_layers_under_ddp_without_the_setting_name_it(project: Path) -> N
 
 
 # --- misuse: one line each -----------------------------------------------------------------
+# In this process (`cli_here`): each refusal comes before any worker starts.
 def one_line(out: subprocess.CompletedProcess[str]) -> str:
     assert out.stderr.startswith("error: "), out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
@@ -365,37 +367,35 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
         "in-memory",
     ],
 )
-def test_misuse_gets_one_line(project: Path, args: list[str], code: int, message: str) -> None:
+def test_misuse_gets_one_line(
+    project: Path, cli_here: Callable[..., Any], args: list[str], code: int, message: str
+) -> None:
     torch.save({"other.weight": torch.zeros(3, 3)}, project / "wrong.pt")
-    out = run_cli("train", *FAST, "run.name=bad", *args, project=project)
+    out = cli_here("train", *FAST, "run.name=bad", *args)
     assert out.returncode == code, out.stderr
     assert message in one_line(out)
     assert "for this task and settings" not in one_line(out)  # prepare mends none of these
     assert not (project / "runs" / "bad" / "checkpoints").exists()
 
 
-def test_missing_processed_data_names_the_prepare_command_for_this_task(project: Path) -> None:
+def test_missing_processed_data_names_the_prepare_command_for_this_task(
+    cli_here: Callable[..., Any],
+) -> None:
     if not example_task("digits"):
         pytest.skip("the digits example is not part of this project (any more)")
     given = ["task.name=digits", "data.verify_raw=false", "run.name=x"]
-    out = run_cli("train", *given, project=project)
+    out = cli_here("train", *given)
     assert out.returncode == 1
     command = " ".join([PACKAGE, "prepare", *given])
     hint = f"run `prepare` first; for this task and settings: `{command}`"
     assert one_line(out).rstrip().endswith(hint), out.stderr
 
 
-def test_a_task_changed_under_a_run_name_is_refused(project: Path) -> None:
+def test_a_task_changed_under_a_run_name_is_refused(cli_here: Callable[..., Any]) -> None:
     first = blobs(*FAST, "run.name=same", "train.epochs=1")
     trainer.train(first.cfg, first)
-    out = run_cli(
-        "train",
-        *FAST,
-        "run.name=same",
-        "task.name=toy_tasks.blobs",
-        "model.hidden=8",
-        project=project,
-    )
+    changed = ("run.name=same", "task.name=toy_tasks.blobs", "model.hidden=8")
+    out = cli_here("train", *FAST, *changed)
     assert out.returncode == 1
     assert "weights do not fit the configured model" in one_line(out)
 

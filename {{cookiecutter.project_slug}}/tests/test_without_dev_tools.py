@@ -5,6 +5,7 @@ pytest would not find them), and the suite is collected there. The benchmarks ne
 pytest nor the rest (the GPU day runs them in an environment of the package alone).
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,23 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 )
+# Every benchmark's --help in one process (one start of torch, not one per script): its exit
+# status and what it printed, as JSON a line each.
+HELPS = (
+    MISSING.format(absent=(*DEV_PACKAGES, "pytest", "_pytest"))
+    + """
+import contextlib, io, json, runpy
+for script in sys.argv[1:]:
+    sys.argv, out, code = [script, "--help"], io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as done:
+            code = done.code
+    print(json.dumps({"script": script, "code": code, "out": out.getvalue()}), flush=True)
+"""
+)
+SCRIPTS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 
 
 def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,13 +91,23 @@ def test_the_suite_collects_without_the_dev_group() -> None:
     assert "tests/test_streams.py::" in done.stdout  # the streams' other tests still run
 
 
-@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("bench_*.py")), ids=str)
-def test_a_benchmark_runs_without_pytest(script: Path) -> None:
-    done = python(BENCHMARK, str(script), "--help")
+@pytest.fixture(scope="module")
+def helps() -> dict[str, dict]:
+    """What each benchmark's --help did, by script path."""
+    done = python(HELPS, *map(str, SCRIPTS))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("usage: "), done.stdout[:500]
+    said = [json.loads(line) for line in done.stdout.splitlines()]
+    return {entry["script"]: entry for entry in said}
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_a_benchmark_runs_without_pytest(helps: dict[str, dict], script: Path) -> None:
+    entry = helps[str(script)]
+    assert entry["code"] == 0, entry
+    assert entry["out"].startswith("usage: "), entry["out"][:500]
+
+
+@pytest.mark.slow  # half a minute: a ddp and an fsdp save and load, each profiled
 def test_the_checkpoint_benchmark_measures_without_pytest() -> None:
     """Not only its help: a whole run, small, with the test task it builds (toy_tasks.tower)."""
     tiny = ("--gib", "0.002", "--width", "64", "--rounds", "1", "--plan-mb", "2")
