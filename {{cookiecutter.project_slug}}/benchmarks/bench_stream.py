@@ -31,7 +31,7 @@ Usage: python benchmarks/bench_stream.py [--workers 2] [--rounds 3] [--dir /path
 """
 
 import argparse
-import importlib
+import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
 import shutil
@@ -61,9 +61,18 @@ def pkg(module: str) -> ModuleType:
     return importlib.import_module(f"{PACKAGE}.{module}")
 
 
+def loading_settings(name: str) -> type | None:
+    """The loader settings class of package `name`; None in a copy from before it existed."""
+    if importlib.util.find_spec(f"{name}.engine.loading") is None:
+        return None
+    return importlib.import_module(f"{name}.engine.loading").Loading
+
+
 tars, streams, feeding = pkg("data.tars"), pkg("data.streams"), pkg("engine.stream_batches")
 DistEnv = pkg("engine.distributed").DistEnv
-NOW = SimpleNamespace(name=PACKAGE, tars=tars, feeding=feeding, DistEnv=DistEnv)
+NOW = SimpleNamespace(
+    name=PACKAGE, tars=tars, feeding=feeding, DistEnv=DistEnv, Loading=loading_settings(PACKAGE)
+)
 # The modules the fork server of the stream loader preloads (engine.stream_batches.fork_server).
 PRELOADED = ("engine.fork_server_start", "data.streams", "data.tars")
 
@@ -79,6 +88,7 @@ def before(folder: Path, tmp: Path) -> SimpleNamespace:
         tars=load(f"{name}.data.tars"),
         feeding=load(f"{name}.engine.stream_batches"),
         DistEnv=load(f"{name}.engine.distributed").DistEnv,
+        Loading=loading_settings(name),
     )
 
 
@@ -180,17 +190,14 @@ def project(dataset: IterableDataset, args: argparse.Namespace, package: Any = N
 
 
 def make(dataset: IterableDataset, args: argparse.Namespace, package: Any = NOW) -> Any:
-    return package.feeding.StreamBatches(
-        dataset,
-        batch_size=args.batch,
-        denv=package.DistEnv(),
-        seed=0,
-        device=torch.device("cpu"),
-        num_workers=args.workers,
-        prefetch_factor=2,
-        collate=None,
-        where="bench",
-    )
+    shared = {"batch_size": args.batch, "denv": package.DistEnv(), "seed": 0, "collate": None}
+    shared["device"] = torch.device("cpu")
+    if package.Loading is None:  # an earlier copy (--before): its settings one by one
+        return package.feeding.StreamBatches(
+            dataset, num_workers=args.workers, prefetch_factor=2, where="bench", **shared
+        )
+    loading = package.Loading(workers=args.workers, prefetch=2, **shared)
+    return package.feeding.StreamBatches(dataset, loading, where="bench")
 
 
 def resume_startup(args: argparse.Namespace) -> tuple[float, float]:

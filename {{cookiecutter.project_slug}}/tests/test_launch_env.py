@@ -162,14 +162,18 @@ def test_in_memory_order_matches_distributed_sampler(n: int, world: int, epoch: 
 def test_both_batch_paths_yield_the_same_batches_and_resume_mid_epoch() -> None:
     x, y = torch.randn(50, 3), torch.arange(50)
     denv = distributed.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="torchrun")
-    common = {"batch_size": 4, "denv": denv, "seed": 3, "device": torch.device("cpu")}
+    loading = pkg("engine.loading").Loading(
+        batch_size=4,
+        denv=denv,
+        seed=3,
+        device=torch.device("cpu"),
+        workers=0,
+        prefetch=2,
+        collate=None,
+    )
     dataset = TensorDataset(x, y)
-    fast = batches.make_train_batches(
-        dataset, in_memory=True, num_workers=0, prefetch_factor=2, **common
-    )
-    slow = batches.make_train_batches(
-        dataset, in_memory=False, num_workers=0, prefetch_factor=2, **common
-    )
+    fast = batches.make_train_batches(dataset, loading, in_memory=True)
+    slow = batches.make_train_batches(dataset, loading, in_memory=False)
     assert len(fast) == len(slow) == 6
     for path in (fast, slow):
         path.set_epoch(4)

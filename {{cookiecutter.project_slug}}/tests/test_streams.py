@@ -58,12 +58,14 @@ def test_a_stream_its_workers_cannot_receive_is_one_line() -> None:
 
     stream_batches, denv = pkg("engine.stream_batches"), pkg("engine.distributed").DistEnv()
     options: dict[str, Any] = {"batch_size": 2, "denv": denv, "seed": 0, "collate": None}
-    options |= {"device": torch.device("cpu"), "prefetch_factor": 2, "where": "task t: train"}
+    options |= {"device": torch.device("cpu"), "prefetch": 2}
+    loading = pkg("engine.loading").Loading
     with pytest.raises(pkg("errors").DataError) as refused:
-        stream_batches.StreamBatches(Local(), num_workers=2, **options)
+        stream_batches.StreamBatches(Local(), loading(workers=2, **options), where="task t: train")
     assert str(refused.value).startswith("task t: train: cannot be sent to its DataLoader")
     assert "Local" in str(refused.value) and "data.num_workers=0" in str(refused.value)
-    assert stream_batches.StreamBatches(Local(), num_workers=0, **options).context is None
+    alone = stream_batches.StreamBatches(Local(), loading(workers=0, **options), where="t")
+    assert alone.context is None
 
 
 def test_workers_receive_the_task_without_its_training_state() -> None:

@@ -69,8 +69,16 @@ def test_a_data_sets_own_getitems_loads_whole_batches() -> None:
             Bulk.calls += 1
             return [torch.tensor([float(i)]) for i in indices]
 
-    kwargs = {"denv": DistEnv(), "seed": 0, "device": torch.device("cpu"), "prefetch_factor": 2}
-    got = list(batches.EvalBatches(Bulk(), batch_size=4, num_workers=0, collate=None, **kwargs))
+    loading = pkg("engine.loading").Loading(
+        batch_size=4,
+        denv=DistEnv(),
+        seed=0,
+        device=torch.device("cpu"),
+        workers=0,
+        prefetch=2,
+        collate=None,
+    )
+    got = list(batches.EvalBatches(Bulk(), loading))
     assert torch.equal(torch.cat(got).flatten(), torch.arange(10.0))
     assert Bulk.calls == 3
 

@@ -39,7 +39,7 @@ from ..errors import DataError, first_line
 from ..task import Batch, batch_seed, check_structure, seeded_batch
 from . import distributed
 from .distributed import DistEnv
-from .preemption import start_worker
+from .loading import Loading
 from .stream_batches import StreamBatches, is_stream
 from .transfer import Collate, stop_workers, to_device
 
@@ -76,19 +76,12 @@ class InMemoryBatches:
     def state(self) -> None:
         """No position of its own: the trainer's epoch and batch say where an epoch is."""
 
-    def __init__(
-        self,
-        dataset: TensorDataset,
-        *,
-        batch_size: int,
-        denv: DistEnv,
-        seed: int,
-        device: torch.device,
-    ) -> None:
-        """Copy the data set's tensors to `device` once."""
-        self.tensors = [t.to(device) for t in dataset.tensors]
+    def __init__(self, dataset: TensorDataset, loading: Loading) -> None:
+        """Copy the data set's tensors to the device once."""
+        self.tensors = [t.to(loading.device) for t in dataset.tensors]
         self.n = len(dataset)
-        self.batch_size, self.denv, self.seed, self.device = batch_size, denv, seed, device
+        self.batch_size, self.denv, self.seed = loading.batch_size, loading.denv, loading.seed
+        self.device = loading.device
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -240,34 +233,19 @@ class EpochBatches(Sampler[BatchKey]):
         return -(-len(self._order()) // self.batch_size) - self.skip
 
 
-def make_loader(
-    dataset: Dataset,
-    sampler: EpochBatches,
-    *,
-    seed: int,
-    device: torch.device,
-    num_workers: int,
-    prefetch_factor: int,
-    collate: Collate | None,
-    rank: int = 0,
-) -> DataLoader:
+def make_loader(dataset: Dataset, sampler: EpochBatches, loading: Loading) -> DataLoader:
     """A DataLoader over `dataset` in the order of `sampler` (one setting for all uses).
 
     Its workers persist from one pass to the next (training epochs, validation passes):
     starting them again would import torch and copy the data set into each one every time.
     """
+    rank = loading.denv.rank
     return DataLoader(
-        SeededSamples(dataset, seed, rank),
+        SeededSamples(dataset, loading.seed, rank),
         batch_sampler=sampler,
-        collate_fn=Collating(collate, rank),
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",  # page-locked buffers allow async copies
-        persistent_workers=num_workers > 0,
-        prefetch_factor=prefetch_factor if num_workers > 0 else None,
-        worker_init_fn=start_worker,
-        # Its own generator: creating an iterator must not consume the global RNG, or a
-        # resumed run would see different dropout masks than an uninterrupted one.
-        generator=torch.Generator().manual_seed(seed),
+        collate_fn=Collating(loading.collate, rank),
+        persistent_workers=loading.workers > 0,
+        **loading.dataloader_options(),
     )
 
 
@@ -290,38 +268,22 @@ class LoaderBatches:
         """No position of its own: the trainer's epoch and batch say where an epoch is."""
 
     def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        denv: DistEnv,
-        seed: int,
-        device: torch.device,
-        num_workers: int,
-        prefetch_factor: int,
-        collate: Collate | None,
-        train: bool = True,
-        group: int = 1,
+        self, dataset: Dataset, loading: Loading, *, train: bool = True, group: int = 1
     ) -> None:
         """Build the loader once; its workers start with the first pass.
 
         `group`: batches per optimizer step, the unit in which training stops after a failure.
         """
         self.sampler = EpochBatches(
-            size(dataset), batch_size=batch_size, seed=seed, denv=denv, train=train
+            size(dataset),
+            batch_size=loading.batch_size,
+            seed=loading.seed,
+            denv=loading.denv,
+            train=train,
         )
-        self.device, self.denv, self.group = device, denv, group
+        self.device, self.denv, self.group = loading.device, loading.denv, group
         self.vote = distributed.StepVote()
-        self.loader: DataLoader | None = make_loader(
-            dataset,
-            self.sampler,
-            seed=seed,
-            device=device,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            collate=collate,
-            rank=denv.rank,
-        )
+        self.loader: DataLoader | None = make_loader(dataset, self.sampler, loading)
         self.live: Iterator[Batch] | None = None  # the loader's iterator, owner of the workers
 
     def __len__(self) -> int:
@@ -386,36 +348,16 @@ class EvalBatches:
     through a `LoaderBatches` whose workers serve every pass until `close`.
     """
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        denv: DistEnv,
-        seed: int,
-        device: torch.device,
-        num_workers: int,
-        prefetch_factor: int,
-        collate: Collate | None,
-        where: str = "evaluation",
-    ) -> None:
+    def __init__(self, dataset: Dataset, loading: Loading, *, where: str = "evaluation") -> None:
         """Prepare the passes; no worker starts before the first one (`where`: for messages)."""
-        self.dataset, self.batch_size, self.denv, self.device = dataset, batch_size, denv, device
+        self.dataset, self.batch_size = dataset, loading.batch_size
+        self.denv, self.device = loading.denv, loading.device
         self.loader: LoaderBatches | None = None
         self.stream: StreamBatches | None = None
-        loading: dict[str, Any] = {
-            "batch_size": batch_size,
-            "denv": denv,
-            "seed": seed,
-            "device": device,
-            "num_workers": num_workers,
-            "prefetch_factor": prefetch_factor,
-            "collate": collate,
-        }
         if is_stream(dataset):  # each pass with workers of its own (see stream_batches)
-            self.stream = StreamBatches(dataset, where=f"{where} stream", **loading)
-        elif not (isinstance(dataset, TensorDataset) and collate is None):
-            self.loader = LoaderBatches(dataset, train=False, **loading)
+            self.stream = StreamBatches(dataset, loading, where=f"{where} stream")
+        elif not (isinstance(dataset, TensorDataset) and loading.collate is None):
+            self.loader = LoaderBatches(dataset, loading, train=False)
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the split, in order."""
@@ -441,31 +383,17 @@ class EvalBatches:
 
 def make_train_batches(
     dataset: Dataset,
+    loading: Loading,
     *,
     in_memory: bool,
-    batch_size: int,
-    denv: DistEnv,
-    seed: int,
-    device: torch.device,
-    num_workers: int,
-    prefetch_factor: int,
-    collate: Collate | None = None,
     group: int = 1,
     where: str = "train",
 ) -> "InMemoryBatches | LoaderBatches | StreamBatches":
     """The fast in-memory path (TensorDataset only), the DataLoader path, or a stream's.
 
-    `group` (batches per optimizer step) and `where` (for messages) concern a stream only.
+    `group`: batches per optimizer step, the unit in which training stops after a failure;
+    `where`: for messages.
     """
-    loading: dict[str, Any] = {
-        "batch_size": batch_size,
-        "denv": denv,
-        "seed": seed,
-        "device": device,
-        "num_workers": num_workers,
-        "prefetch_factor": prefetch_factor,
-        "collate": collate,
-    }
     if is_stream(dataset):
         if why := inexact_state(dataset):  # refused before training, never at its resume
             raise DataError(
@@ -473,11 +401,11 @@ def make_train_batches(
                 "which resumes a shuffled stream exactly by replaying the epoch, or hand it "
                 "over unshuffled (docs/bring-your-own-task.md, 'Streams')"
             )
-        return StreamBatches(dataset, where=f"{where} stream", group=group, **loading)
+        return StreamBatches(dataset, loading, where=f"{where} stream", group=group)
     if in_memory:
         assert isinstance(dataset, TensorDataset)
-        return InMemoryBatches(dataset, batch_size=batch_size, denv=denv, seed=seed, device=device)
-    return LoaderBatches(dataset, group=group, **loading)
+        return InMemoryBatches(dataset, loading)
+    return LoaderBatches(dataset, loading, group=group)
 
 
 def check_first_sample(dataset: Dataset, where: str, collate: Collate | None = None) -> None:

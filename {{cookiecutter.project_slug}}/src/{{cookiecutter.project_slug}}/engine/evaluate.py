@@ -25,6 +25,7 @@ from ..task import (
 from . import checkpoint, distributed
 from .batches import EvalBatches, size
 from .distributed import DistEnv
+from .loading import Loading
 from .run_weights import RunWeights, used_weights, with_frozen_base
 from .runtime import autocast_dtype, pick_device
 from .stream_batches import is_stream
@@ -100,16 +101,7 @@ def split_sums(
     set_mode(task, model, training=False)
     sums: dict[str, torch.Tensor] = {}
     own = feed is None  # a one-off pass (the `evaluate` command): its workers end with it
-    feed = feed or EvalBatches(
-        dataset,
-        batch_size=cfg.train.batch_size,
-        denv=denv,
-        seed=cfg.run.seed,
-        device=device,
-        num_workers=workers,
-        prefetch_factor=cfg.data.prefetch_factor,
-        collate=own_collate(task),
-    )
+    feed = feed or EvalBatches(dataset, Loading.of(cfg, denv, device, workers, own_collate(task)))
     forwards, kept = 0, KeptOutputs(task)
     stream = is_stream(dataset)
     failed: ReadError | None = None

@@ -33,7 +33,6 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from ..data import failures
@@ -42,9 +41,8 @@ from ..data.streams import StreamFeed, StreamPart, Tag, check_state
 from ..errors import DataError, first_line
 from ..task import Batch
 from . import distributed
-from .distributed import DistEnv
-from .preemption import start_worker
-from .transfer import Collate, stop_workers, to_device
+from .loading import Loading
+from .transfer import stop_workers, to_device
 
 # A process's verdict on its next group of batches; the processes go by the largest.
 FULL, SHORT, FAILED = 0, 1, 2  # full; short (its stream ran out: the epoch ends); reading failed
@@ -121,24 +119,11 @@ class StreamBatches:
     last group that is full on every process, and `ended` says so while its last batch is used.
     """
 
-    def __init__(
-        self,
-        stream: Dataset,
-        *,
-        batch_size: int,
-        denv: DistEnv,
-        seed: int,
-        device: torch.device,
-        num_workers: int,
-        prefetch_factor: int,
-        collate: Collate | None,
-        where: str,
-        group: int = 1,
-    ) -> None:
+    def __init__(self, stream: Dataset, loading: Loading, *, where: str, group: int = 1) -> None:
         """Nothing starts before the first pass."""
-        self.stream, self.batch_size, self.denv, self.seed = stream, batch_size, denv, seed
-        self.device, self.workers, self.prefetch = device, num_workers, prefetch_factor
-        self.collate, self.where, self.group = collate, where, group
+        self.stream, self.loading, self.where, self.group = stream, loading, where, group
+        self.batch_size, self.denv, self.seed = loading.batch_size, loading.denv, loading.seed
+        self.device, self.workers, self.collate = loading.device, loading.workers, loading.collate
         self.epoch, self.ended = 0, False
         self.failure: failures.ReadFailure | None = None  # this process's, in the last pass
         # Seconds waited for a pass's first group (its workers start) and for its short last
@@ -149,8 +134,8 @@ class StreamBatches:
         self.resume: dict[int, Mapping[str, Any]] = {}  # the saved tags, for the next pass
         self.live: Iterator[Any] | None = None
         self.context = None
-        if num_workers > 0:
-            check_picklable((stream, collate), where)
+        if self.workers > 0:
+            check_picklable((stream, self.collate), where)
             self.context = fork_server(stream)
 
     def set_epoch(self, epoch: int) -> None:
@@ -207,13 +192,7 @@ class StreamBatches:
             multiprocessing_context=self.context,
             batch_size=None,  # the feed makes the batches
             collate_fn=_as_is,
-            num_workers=self.workers,
-            pin_memory=self.device.type == "cuda",
-            prefetch_factor=self.prefetch if self.workers > 0 else None,
-            worker_init_fn=start_worker,
-            # Its own generator: starting a pass must not draw from the global one, or a
-            # resumed run would see other dropout masks than an uninterrupted one.
-            generator=torch.Generator().manual_seed(self.seed),
+            **self.loading.dataloader_options(),
         )
 
     def _tagged(self, train: bool, epoch: int) -> Iterator[tuple[Batch, Tag]]:

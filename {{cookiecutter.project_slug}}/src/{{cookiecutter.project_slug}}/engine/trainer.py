@@ -35,6 +35,7 @@ from . import checkpoint, checkpoint_io, distributed, hooks, names, read_stop, s
 from .averaging import swapped_in
 from .batches import EvalBatches, make_train_batches
 from .evaluate import split_sums
+from .loading import Loading
 from .preemption import (
     EXIT_DIVERGED,
     EXIT_REQUEUE,
@@ -269,19 +270,11 @@ class Trainer:
         self.pruned = ""  # "pruned": a listener (a sweep's pruner) stopped the run
         # Last: the DataLoader workers start here, so nothing above can leave them behind.
         # Validation keeps its own workers from pass to pass (they start with its first).
-        feed: dict[str, Any] = {
-            "batch_size": cfg.train.batch_size,
-            "denv": denv,
-            "seed": cfg.run.seed,
-            "device": device,
-            "num_workers": self.workers,
-            "prefetch_factor": cfg.data.prefetch_factor,
-            "collate": own_collate(task),
-        }
-        self.val_batches = EvalBatches(datasets.val, where=f"task {task.name}: val", **feed)
+        loading = Loading.of(cfg, denv, device, self.workers, own_collate(task))
+        self.val_batches = EvalBatches(datasets.val, loading, where=f"task {task.name}: val")
         where = f"task {task.name}: train"
         self.batches = make_train_batches(
-            train_set, in_memory=self.in_memory, group=self.accum, where=where, **feed
+            train_set, loading, in_memory=self.in_memory, group=self.accum, where=where
         )
 
     def __enter__(self) -> "Trainer":
