@@ -87,13 +87,16 @@ def in_turns(
 def fork_server(stream: object) -> multiprocessing.context.BaseContext:
     """The context whose server forks the workers, started now with what `stream` needs.
 
-    The server starts once per process and keeps what it imported then: torch, this package
-    and the module of the stream's class (the task's, with its imports). It starts while the
+    The server starts once per process and keeps what it imported then: torch, this package,
+    the module of the stream's class (the task's, with its imports) and the modules the stream
+    names in `worker_modules` (those its workers import on first use: `datasets` for
+    `hf_stream`, a second of each worker's start in every pass otherwise). It starts while the
     trainer builds the model and reads the checkpoint, not when the first pass waits for it.
     """
     context = multiprocessing.get_context("forkserver")
     first = f"{__package__}.fork_server_start"  # stop signals are the training process's
-    context.set_forkserver_preload([first, "torch", StreamFeed.__module__, type(stream).__module__])
+    stream_modules = [type(stream).__module__, *getattr(stream, "worker_modules", ())]
+    context.set_forkserver_preload([first, "torch", StreamFeed.__module__, *stream_modules])
     multiprocessing.forkserver.ensure_running()
     return context
 
