@@ -73,19 +73,22 @@ def run_cli(
 
 @pytest.fixture
 def cli_here(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    project: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
     """`run_cli` in this process: `cli.main(args)` (what `python -m` calls) from `project`.
 
-    For a command that ends before any DataLoader worker starts: its exit code and what it
-    printed are the package's own either way, and a process of its own costs seconds to start.
+    Its exit code and what it printed are the package's own either way, and a process of its
+    own costs seconds to start (torch, the package; a stream's fork server). The output is
+    taken from the file descriptors, so a DataLoader worker forked here is heard too; a
+    stream's workers come from the fork server, which the first stream of this pytest process
+    started: what they print is not (run_cli hears every process).
     """
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         monkeypatch.chdir(project)
-        capsys.readouterr()  # what the test printed before
+        capfd.readouterr()  # what the test printed before
         code = pkg("cli").main(list(args))
-        out = capsys.readouterr()
+        out = capfd.readouterr()
         return subprocess.CompletedProcess(["cli.main", *args], code, out.out, out.err)
 
     return run

@@ -2,9 +2,9 @@
 
 Each kind of stream of `toy_tasks.faults` (and a map-style data set) reads files from
 DATA_DIR/external, one of which arrived damaged: cut short, at a tar member's boundary too, or
-a bit flipped in a checksummed parquet page. On 1 process with 1 DataLoader worker and on 2
-processes with 2 workers each (started as srun starts them: one process per rank, no
-torchrun), the run stops with exit 6 and one line that names the file, the worker and the
+a bit flipped in a checksummed parquet page. On 1 process with 1 DataLoader worker (the
+test's own: `cli_here`) and on 2 processes with 2 workers each (started as srun starts them:
+one process per rank, no torchrun), the run stops with exit 6 and one line that names the file, the worker and the
 process and the checkpoint of its last good step; no traceback reaches the terminal (it is
 in runs/<name>/errors.log), and the damaged file is not taken into the source record. Once
 the file is repaired, the run continues from that checkpoint to the same weights as a run
@@ -14,11 +14,12 @@ that never met the damage.
 import importlib.util
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_identical, final_weights, pkg, run_cli, run_ranks
+from conftest import assert_identical, final_weights, pkg, run_ranks
 from toy_tasks import faults
 
 NEEDS_DATASETS = pytest.mark.skipif(
@@ -66,12 +67,20 @@ def layouts() -> list[object]:
     ]
 
 
-def train(project: Path, processes: int, *args: str) -> list[subprocess.CompletedProcess[str]]:
-    """`train` with `args` on 1 process (1 worker) or 2 processes (2 workers each)."""
-    workers = f"data.num_workers={processes}"
-    if processes == 1:
-        return [run_cli("train", *ARGS, workers, *args, project=project, timeout=600)]
-    return run_ranks(project, "train", *ARGS, workers, *args)
+Train = Callable[..., list[subprocess.CompletedProcess[str]]]
+
+
+@pytest.fixture
+def train(project: Path, cli_here: Callable[..., subprocess.CompletedProcess[str]]) -> Train:
+    """`train` with `args` on 1 process (1 worker, in this one) or 2 (2 workers each)."""
+
+    def run(processes: int, *args: str) -> list[subprocess.CompletedProcess[str]]:
+        workers = f"data.num_workers={processes}"
+        if processes == 1:
+            return [cli_here("train", *ARGS, workers, *args)]
+        return run_ranks(project, "train", *ARGS, workers, *args)
+
+    return run
 
 
 def stopped_on_damage(outs: list[subprocess.CompletedProcess[str]], damaged: Path) -> int:
@@ -88,21 +97,23 @@ def stopped_on_damage(outs: list[subprocess.CompletedProcess[str]], damaged: Pat
     return int(found["step"])
 
 
-def damaged_run(project: Path, kind: str, processes: int, *args: str) -> tuple[int, Path, bytes]:
+def damaged_run(
+    project: Path, train: Train, kind: str, processes: int, *args: str
+) -> tuple[int, Path, bytes]:
     """Write a kind's files, damage one, train: the checkpoint's step, the file, its content."""
     data_dir = project / "data"
     faults.write_files(data_dir, kind)
     whole = sorted(faults.folder(data_dir, kind).iterdir())[-1].read_bytes()
     damaged = faults.damage(data_dir, kind).resolve()
-    outs = train(project, processes, f"task.kind={kind}", *args)
+    outs = train(processes, f"task.kind={kind}", *args)
     return stopped_on_damage(outs, damaged), damaged, whole
 
 
 @pytest.mark.parametrize(("kind", "processes"), layouts())
 def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
-    project: Path, kind: str, processes: int
+    project: Path, train: Train, kind: str, processes: int
 ) -> None:
-    step, _, _ = damaged_run(project, kind, processes, "run.name=r")
+    step, _, _ = damaged_run(project, train, kind, processes, "run.name=r")
     assert step > 0  # the damage lies two thirds into its file
     saved = pkg("engine.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
     assert saved[-1][0] == step
@@ -114,10 +125,10 @@ def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
     [("map", 1), ("tar", 1), pytest.param("tar", 2, marks=pytest.mark.slow)],
 )
 def test_a_damaged_validation_file_stops_the_run_after_its_step(
-    project: Path, kind: str, processes: int
+    project: Path, train: Train, kind: str, processes: int
 ) -> None:
     """Validation at the epoch's end fails: every process stops, the step done is kept."""
-    step, _, _ = damaged_run(project, kind, processes, "task.split=val", "run.name=v")
+    step, _, _ = damaged_run(project, train, kind, processes, "task.split=val", "run.name=v")
     assert step == faults.FILES * faults.ROWS // (8 * processes)  # the whole epoch's steps
 
 
@@ -127,15 +138,15 @@ def test_a_damaged_validation_file_stops_the_run_after_its_step(
     [("tar", 2), ("map", 2), pytest.param("hf", 1, marks=NEEDS_DATASETS)],
 )
 def test_after_the_repair_the_run_ends_where_an_undamaged_one_does(
-    project: Path, kind: str, processes: int
+    project: Path, train: Train, kind: str, processes: int
 ) -> None:
     """Exact: every sample used before the stop was read whole, none of the damaged part."""
-    step, damaged, whole = damaged_run(project, kind, processes, "run.name=cut")
+    step, damaged, whole = damaged_run(project, train, kind, processes, "run.name=cut")
     damaged.write_bytes(whole)  # repaired: the copy done again
-    resumed = train(project, processes, f"task.kind={kind}", "run.name=cut")
+    resumed = train(processes, f"task.kind={kind}", "run.name=cut")
     assert [out.returncode for out in resumed] == [0] * processes, resumed[0].stdout[-3000:]
     assert f"resumed from step {step} " in resumed[0].stdout
-    undamaged = train(project, processes, f"task.kind={kind}", "run.name=whole")
+    undamaged = train(processes, f"task.kind={kind}", "run.name=whole")
     assert [out.returncode for out in undamaged] == [0] * processes, undamaged[0].stdout[-3000:]
     runs = project / "runs"
     assert_identical(final_weights(runs / "whole"), final_weights(runs / "cut"))
