@@ -71,10 +71,13 @@ def run_cli(
     return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
+CliHere = Callable[..., subprocess.CompletedProcess[str]]  # the type of `cli_here`
+
+
 @pytest.fixture
 def cli_here(
     project: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> Callable[..., subprocess.CompletedProcess[str]]:
+) -> CliHere:
     """`run_cli` in this process: `cli.main(args)` (what `python -m` calls) from `project`.
 
     Its exit code and what it printed are the package's own either way, and a process of its

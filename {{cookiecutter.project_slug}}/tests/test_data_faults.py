@@ -4,11 +4,11 @@ Each kind of stream of `toy_tasks.faults` (and a map-style data set) reads files
 DATA_DIR/external, one of which arrived damaged: cut short, at a tar member's boundary too, or
 a bit flipped in a checksummed parquet page. On 1 process with 1 DataLoader worker (the
 test's own: `cli_here`) and on 2 processes with 2 workers each (started as srun starts them:
-one process per rank, no torchrun), the run stops with exit 6 and one line that names the file, the worker and the
-process and the checkpoint of its last good step; no traceback reaches the terminal (it is
-in runs/<name>/errors.log), and the damaged file is not taken into the source record. Once
-the file is repaired, the run continues from that checkpoint to the same weights as a run
-that never met the damage.
+one process per rank, no torchrun), the run stops with exit 6 and one line that names the
+file, the worker and the process and the checkpoint of its last good step; no traceback
+reaches the terminal (it is in runs/<name>/errors.log), and the damaged file is not taken
+into the source record. Once the file is repaired, the run continues from that checkpoint to
+the same weights as a run that never met the damage.
 """
 
 import importlib.util
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_identical, final_weights, pkg, run_ranks
+from conftest import CliHere, assert_identical, final_weights, pkg, run_ranks
 from toy_tasks import faults
 
 NEEDS_DATASETS = pytest.mark.skipif(
@@ -71,7 +71,7 @@ Train = Callable[..., list[subprocess.CompletedProcess[str]]]
 
 
 @pytest.fixture
-def train(project: Path, cli_here: Callable[..., subprocess.CompletedProcess[str]]) -> Train:
+def train(project: Path, cli_here: CliHere) -> Train:
     """`train` with `args` on 1 process (1 worker, in this one) or 2 (2 workers each)."""
 
     def run(processes: int, *args: str) -> list[subprocess.CompletedProcess[str]]:

@@ -10,13 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import PACKAGE, blobs, cli_env, pkg, run_cli
+from conftest import PACKAGE, CliHere, blobs, cli_env, pkg, run_cli
 
 trainer = pkg("engine.trainer")
 checkpoint = pkg("engine.checkpoint")
@@ -52,7 +51,7 @@ def read_error(out: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.parametrize("fault", list(CAUSES))
 def test_an_error_in_a_worker_or_in_task_code_ends_the_process_with_its_cause(
     project: Path,
-    cli_here: Callable[..., subprocess.CompletedProcess[str]],
+    cli_here: CliHere,
     fault: str,
     workers: int,
 ) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import PACKAGE, assert_identical, blobs, cli_env, final_weights, pkg, run_cli
+from conftest import PACKAGE, CliHere, assert_identical, blobs, cli_env, final_weights, pkg
 
 trainer, checkpoint, pretrained = (
     pkg("engine.trainer"),
@@ -154,10 +154,10 @@ def test_export_writes_final_and_best_weights_with_the_config(
     run_dir = project / "runs" / "done"
     final = final_weights(run_dir)
 
-    out = run_cli("export", "--run", "done", project=project)
-    assert out.returncode == 0, out.stderr
+    capsys.readouterr()
+    assert pkg("cli").main(["export", "--run", "done"]) == 0
     folder = run_dir / "export"
-    assert f"wrote {folder}: model, final weights, fp32" in out.stdout
+    assert f"wrote {folder}: model, final weights, fp32" in capsys.readouterr().out
     written = load_file(folder / "model.safetensors")
     assert_identical(written, final)
     saved = pkg("task").load_config(folder / "config.toml")
@@ -177,7 +177,7 @@ def test_export_writes_final_and_best_weights_with_the_config(
     assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
 
 
-def test_export_replaces_only_its_own_folder(project: Path) -> None:
+def test_export_replaces_only_its_own_folder(project: Path, cli_here: CliHere) -> None:
     """An existing path that is not an earlier export of the run is refused, untouched."""
     export, settings = pkg("ops.export"), pkg("settings").get_settings()
     task = blobs(*FAST, "run.name=mine", "train.epochs=1")
@@ -192,7 +192,7 @@ def test_export_replaces_only_its_own_folder(project: Path) -> None:
         with pytest.raises(pkg("errors").ConfigError, match="is not an earlier export of run mine"):
             export.export_run(run_dir, project / out, settings)
     assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == before
-    done = run_cli("export", "--run", "mine", "--out", str(project / "data"), project=project)
+    done = cli_here("export", "--run", "mine", "--out", str(project / "data"))
     assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
     assert f"--out {project / 'data'}: exists" in done.stderr
 
@@ -309,13 +309,13 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(project: Path)
     assert sorted(p.name for p in (project / "runs" / "full").iterdir() if "export" in p.name) == []
 
 
-def test_export_without_weights_gets_one_line(project: Path) -> None:
+def test_export_without_weights_gets_one_line(project: Path, cli_here: CliHere) -> None:
     task = blobs(*FAST, "run.name=plain", "train.epochs=1")
     trainer.train(task.cfg, task)
-    out = run_cli("export", "--run", "plain", "--weights", "best", project=project)
+    out = cli_here("export", "--run", "plain", "--weights", "best")
     assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
     assert "best.pt: the run kept no best weights (run.best_metric)" in out.stderr
-    out = run_cli("export", "--run", "nothing", project=project)
+    out = cli_here("export", "--run", "nothing")
     assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
     assert "no intact checkpoint in" in out.stderr
     assert not (project / "runs" / "plain" / "export").exists()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PACKAGE, pkg, run_cli
+from conftest import PACKAGE, pkg
 
 sources, cli = pkg("data.sources"), pkg("cli")
 HEADER = "path\tsize\tsha256"
@@ -84,10 +84,11 @@ def test_a_first_run_records_and_a_run_of_another_name_refuses_a_changed_file(
     shutil.copyfile(streams / "train-0.parquet", shard)  # swapped: still a parquet file
     after = shard.stat().st_size
     differs = "content differs" if after == before else f"size {before} -> {after}"
-    refused = run_cli("train", *HF, "run.name=second", project=here)
-    assert refused.returncode == 1
-    assert "Traceback" not in refused.stdout + refused.stderr
-    assert refused.stderr.splitlines() == [
+    capsys.readouterr()
+    assert cli.main(["train", *HF, "run.name=second"]) == 1
+    refused = capsys.readouterr()
+    assert "Traceback" not in refused.out + refused.err
+    assert refused.err.splitlines() == [
         (
             f"error: source file data/external/streams/train-1.parquet ({differs}) differs "
             f"from its record in {RECORD}; if the change is intended, record it with "

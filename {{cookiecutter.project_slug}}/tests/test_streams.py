@@ -6,9 +6,7 @@ import io
 import pickle
 import re
 import shutil
-import subprocess
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 
 from conftest import (
     DIGITS,
+    CliHere,
     assert_identical,
     example_task,
     final_weights,
@@ -122,7 +121,7 @@ def test_a_hugging_face_stream_resumes_exactly(project: Path, shuffle: bool) -> 
 
 @pytest.mark.skipif(not HAS_DATASETS, reason="the datasets extra is not installed")
 def test_a_datasets_stream_shuffled_through_its_own_buffer_is_refused_at_the_start(
-    project: Path, cli_here: Callable[..., subprocess.CompletedProcess[str]]
+    project: Path, cli_here: CliHere
 ) -> None:
     """Its state holds no buffer contents, and its resume died in a worker: never trained."""
     pkg("data.processed").prepare(load("task.kind=hf"))

@@ -11,7 +11,6 @@ import multiprocessing
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from conftest import (
     CORPUS,
     DIGITS,
     PACKAGE,
+    CliHere,
     assert_identical,
     blobs,
     cli_env,
@@ -368,7 +368,7 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_misuse_gets_one_line(
-    project: Path, cli_here: Callable[..., Any], args: list[str], code: int, message: str
+    project: Path, cli_here: CliHere, args: list[str], code: int, message: str
 ) -> None:
     torch.save({"other.weight": torch.zeros(3, 3)}, project / "wrong.pt")
     out = cli_here("train", *FAST, "run.name=bad", *args)
@@ -379,7 +379,7 @@ def test_misuse_gets_one_line(
 
 
 def test_missing_processed_data_names_the_prepare_command_for_this_task(
-    cli_here: Callable[..., Any],
+    cli_here: CliHere,
 ) -> None:
     if not example_task("digits"):
         pytest.skip("the digits example is not part of this project (any more)")
@@ -391,7 +391,7 @@ def test_missing_processed_data_names_the_prepare_command_for_this_task(
     assert one_line(out).rstrip().endswith(hint), out.stderr
 
 
-def test_a_task_changed_under_a_run_name_is_refused(cli_here: Callable[..., Any]) -> None:
+def test_a_task_changed_under_a_run_name_is_refused(cli_here: CliHere) -> None:
     first = blobs(*FAST, "run.name=same", "train.epochs=1")
     trainer.train(first.cfg, first)
     changed = ("run.name=same", "task.name=toy_tasks.blobs", "model.hidden=8")
