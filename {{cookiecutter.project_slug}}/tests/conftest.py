@@ -82,9 +82,9 @@ def cli_here(
 
     Its exit code and what it printed are the package's own either way, and a process of its
     own costs seconds to start (torch, the package; a stream's fork server). The output is
-    taken from the file descriptors, so a DataLoader worker forked here is heard too; a
-    stream's workers come from the fork server, which the first stream of this pytest process
-    started: what they print is not (run_cli hears every process).
+    taken from the file descriptors, so a DataLoader worker forked here is heard too. A
+    stream's workers are forked by the fork server that the first stream of this pytest
+    process started, so what they print is not heard (run_cli hears every process).
     """
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
