@@ -27,13 +27,14 @@ PYTEST_ARGS ?=
 # two busy workers the two-node jobs missed theirs (see docs/contributing.md).
 TEST_WORKERS ?= 2
 # What `make test` runs: every test that bakes, updates or checks answers and docs, none that
-# runs a generated project's suite, the tutorial, a container, uv or Slurm. On two cores: 4.2
-# minutes idle, 4.6 beside a busy loop, 11.5 beside two other test runs; `make test-all` (CI,
-# 23.4 minutes idle) adds the rest.
+# runs a generated project's suite, the tutorial, a container, uv or Slurm. On two cores: 5.4
+# minutes quiet; `make test-all` (CI) adds the rest: 31 minutes for the tests without Slurm
+# (the default project's whole suite, one process, takes 23 of them), then 11 for the Slurm
+# tests (measured on a quiet 2-core machine, 2026-12).
 QUICK_TESTS := tests/test_rules.py tests/test_questions.py tests/test_bad_answers.py \
 	tests/test_bake.py tests/test_engines.py tests/test_lint.py tests/test_docs.py \
 	tests/test_update.py tests/test_makefile_values.py
-# Which tests `make release` runs first: all (`make test-all`, about 25 minutes), quick
+# Which tests `make release` runs first: all (`make test-all`, about 45 minutes), quick
 # (`make test`) or none; the tag's message records which. SKIP_TESTS=1 means none.
 TESTS ?= all
 RELEASE_TESTS := $(if $(SKIP_TESTS),none,$(TESTS))
