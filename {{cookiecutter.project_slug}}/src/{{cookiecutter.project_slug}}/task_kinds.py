@@ -54,8 +54,7 @@ class Classification(Task):
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Mean loss and accuracy (and AUROC, when a metric of the task)."""
         count = max(sums["count"].item(), 1.0)
-        correct = sums["confusion"].diag().sum().item()
-        metrics = {"loss": sums["loss"].item() / count, "accuracy": correct / count}
+        metrics = {"loss": sums["loss"].item() / count, "accuracy": accuracy(sums["confusion"])}
         if "auroc" in self.metrics:
             metrics["auroc"] = auroc(sums["probabilities"], sums["labels"], len(self.classes))
         return metrics
@@ -64,9 +63,13 @@ class Classification(Task):
         """The confusion matrix of the split, titled with the run and the accuracy."""
         name = "confusion_matrix.png" if split == "val" else f"confusion_matrix_{split}.png"
         confusion = sums["confusion"].cpu()
-        accuracy = confusion.diag().sum().item() / max(confusion.sum().item(), 1)
-        title = run_title(out_dir, split, {"accuracy": accuracy})
+        title = run_title(out_dir, split, {"accuracy": accuracy(confusion)})
         return [plot_confusion(confusion, self.classes, out_dir, title, name)]
+
+
+def accuracy(confusion: torch.Tensor) -> float:
+    """The share of samples on the diagonal of a [true, predicted] confusion count."""
+    return float(confusion.diag().sum()) / max(float(confusion.sum()), 1.0)
 
 
 def auroc(probabilities: torch.Tensor, labels: torch.Tensor, classes: int) -> float:
