@@ -270,14 +270,14 @@ def releases(repo: Path) -> dict[Version, str]:
     return found
 
 
-def newest_release(repo: Path) -> tuple[Version, str]:
+def newest_release(repo: Path, tags: dict[Version, str]) -> tuple[Version, str]:
     """The template's newest release and its git ref: what every command reports as newest.
 
-    The highest release tag; in a template without release tags, the version its newest
-    commit states (copier then records that commit), at HEAD, so the record and the report
-    still agree.
+    The highest of the release `tags` (`releases(repo)`); in a template without release tags,
+    the version its newest commit states (copier then records that commit), at HEAD, so the
+    record and the report still agree.
     """
-    if tags := releases(repo):
+    if tags:
         newest = max(tags)
         return newest, tags[newest]
     cc = json.loads(_git("show", "HEAD:cookiecutter.json", cwd=repo))
@@ -518,7 +518,7 @@ def project_status(root: Path, template: str | None, templates: Templates) -> St
             raise
         raise StatusError(f"{exc} (the template source recorded in {recorded[2]})") from None
     tags = releases(repo)
-    newest, newest_ref = newest_release(repo)
+    newest, newest_ref = newest_release(repo, tags)
     behind_by = sum(1 for version in tags if version > current) if tags else int(newest > current)
     last = _last_update(root)
     status = Status(

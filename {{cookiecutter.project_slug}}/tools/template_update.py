@@ -97,8 +97,9 @@ def check_ref(repo: Path, ref: str, source: str) -> None:
     missing, _ = _git_bytes("rev-parse", "--verify", "--quiet", ref + "^{commit}", cwd=repo,
                             ok=range(2))  # fmt: skip
     if missing:
-        version, at = newest_release(repo)
-        older = [tag for _, tag in sorted(releases(repo).items(), reverse=True)][1:5]
+        tags = releases(repo)
+        version, at = newest_release(repo, tags)
+        older = [tag for _, tag in sorted(tags.items(), reverse=True)][1:5]
         before = f"; before it: {', '.join(older)}" if older else ""
         raise StatusError(
             f"REF={ref}: the template {source} has no such release (newest release: "
