@@ -24,8 +24,6 @@ from envcases import (
     answers_of,
     baked,
     baked_case,
-    extras_modules,
-    project_pytest,
     pyproject,
     run,
     tool,
@@ -630,31 +628,3 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
         f"read but not in .env.example: {sorted(user_settings - documented)}"
     )
 
-
-# --- the project's own tests -------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_project_quick_suite_passes_for_apptainer_on_generic_without_any_extra(
-    template: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """The generated quick suite on the bake farthest from the default, every extra absent.
-
-    Environment and preset change the job scripts, configs and Makefile the suite reads;
-    the Python package is the same for every choice, so one more bake covers the rest, and
-    the project's slow tests (the example tasks end to end) run on the default bake only
-    (test_generated_suite.py, with every extra installed, as this environment has them all).
-    Without any extra but the one its answers chose (tensorboard, as `make install` installs
-    it), as after a plain `pip install -e .[tensorboard]`: what needs one skips, naming it, and
-    nothing fails.
-    """
-    project = baked("apptainer-generic", template, tmp_path_factory).project
-    # Its tracking backend's extra is part of its own install (`make install` takes it).
-    absent = extras_modules(project) - {answers_of("apptainer-generic")["tracking"]}
-    assert {"transformers", "datasets", "optuna", "torchmetrics", "mlflow"} <= absent
-    args = ("-rs", "-m", "not slow", "-p", "no:xdist")
-    out = project_pytest(project, *args, absent=absent)
-    assert " passed" in out.splitlines()[-1]
-    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
-    named = {extra for line in skipped for extra in re.findall(r"the (\w+) extra", line)}
-    assert "hf" in named and len(named) >= 3, skipped  # each skip names what to install
