@@ -461,27 +461,36 @@ def from_flat(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_task_of_release_0_2_trains_after_the_update_into_wings(
+def test_a_task_of_release_0_2_is_told_its_removed_imports_after_the_update_into_wings(
     from_flat: dict[str, Path], engine: str
 ) -> None:
-    """The project made from the flat layout has the wings now; the user's task, importing
-    from the old paths, trains, and each old path says where it went."""
+    """The project made from the flat layout has the wings now. The user's task, importing
+    from the old paths, is refused in one line naming each; changed as the line and the
+    changelog say (one line per import), it trains."""
     project = from_flat[engine]
     task = project / "src" / SLUG / "tasks" / "fake_task.py"
     assert task.read_text("utf-8") == USER_TASK  # the project's own file, kept as it was
     assert (project / "src" / SLUG / "engine" / "trainer.py").is_file()
     assert not (project / "src" / SLUG / "trainer.py").exists()
+    assert not (project / "src" / SLUG / "shards.py").exists()
     args = ["task.name=fake_task", "train.epochs=2", "train.batch_size=24", "run.name=mine"]
     args += ["run.progress=log", "run.figures=false", "data.verify_raw=false"]
     env = {**os.environ, "PYTHONPATH": "src", "OMP_NUM_THREADS": "1", "PROJECT_ROOT": str(project)}
-    done = subprocess.run(
-        [sys.executable, "-m", SLUG, "train", *args],
-        cwd=project, capture_output=True, text=True, check=False, env=env,
-    )  # fmt: skip
+    train = [sys.executable, "-m", SLUG, "train", *args]
+    done = subprocess.run(train, cwd=project, capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = done.stderr.strip()
+    assert len(said.splitlines()) == 1 and "template release 0.3.0 removed" in said, said
+    for old, new in (("shards", "data.shards"), ("pretrained", "data.pretrained")):
+        assert f": ..{old} is now ..{new}" in said, said
+    assert ": ..transformer is now ..blocks.transformer" in said, said
+    changed = USER_TASK
+    for old in ("from ..pretrained import", "from ..shards import", "from ..transformer import"):
+        changed = changed.replace(old, "from ..api import")
+    task.write_text(changed, "utf-8")
+    done = subprocess.run(train, cwd=project, capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((project / "runs" / "mine" / "summary.json").read_text())["step"] > 0
-    for new in ("data.pretrained", "data.shards", "blocks.transformer"):
-        assert f"moved to {SLUG}.{new}" in done.stderr, done.stderr[-3000:]
 
 
 def test_template_owned_edit_survives_the_update(updated: Project) -> None:

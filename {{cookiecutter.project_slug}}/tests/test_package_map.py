@@ -5,7 +5,6 @@ resolved to the room it points at; a forbidden arrow fails with the module and t
 """
 
 import ast
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,8 +26,6 @@ FORBIDDEN = {
     "errors": {"task", "task_kinds", "api", "config", "settings", *WINGS},
     "settings": {"task", "task_kinds", "api", "config", *WINGS},
 }
-# The modules kept for one release at their pre-0.3.0 paths (they only re-export).
-OLD_PATHS = {"moved", "shards", "pretrained", "transformer", "template_status"}
 
 
 def room(module: str) -> str:
@@ -78,14 +75,14 @@ def test_the_map_names_every_room_and_no_module_is_loose() -> None:
     for wing in WINGS[:-1]:
         doc = ast.get_docstring(ast.parse((SRC / wing / "__init__.py").read_text("utf-8")))
         assert doc and "May import" in doc, f"{wing}/__init__.py does not say what it may import"
-    top = {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"} - OLD_PATHS
+    top = {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"}
     seam = {"api", "cli", "config", "errors", "models", "settings", "task", "task_kinds"}
     assert top == seam, f"modules at the top that belong in a wing: {sorted(top - seam)}"
     page = (ROOT / "docs" / "package-map.md").read_text(encoding="utf-8")
     assert all(f"`{wing}/`" in page for wing in WINGS), "docs/package-map.md misses a wing"
 
 
-# The tasks the template ships (your own tasks may still use the old paths for a release).
+# The tasks the template ships.
 SHIPPED_TASKS = ("digits", "images", "lm", "hub_lm", "regression", "my_task")
 
 
@@ -150,29 +147,34 @@ TASK = OldStyle
 """
 
 
-def test_a_task_written_for_release_0_2_still_trains(project: Path, tmp_path: Path) -> None:
-    """The old paths import with a warning naming the new place, and the task trains."""
-    name = f"{PACKAGE}.tasks.old_style"
-    path = tmp_path / "old_style.py"
-    path.write_text(OLD_TASK, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+def test_a_task_written_for_release_0_2_is_told_each_removed_path_in_one_line(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Release 0.3.0 removed the old paths: the task is refused in one line that names each
+    old import and its new place; with the imports changed as the line says, it trains."""
+    (tmp_path / "old_style.py").write_text(OLD_TASK, encoding="utf-8")
+    monkeypatch.setattr(pkg("tasks"), "__path__", [*pkg("tasks").__path__, str(tmp_path)])
+    overrides = ["task.name=old_style", "train.epochs=2", "train.batch_size=24", "run.name=old"]
+    overrides += ["run.progress=log", "run.figures=false", "data.verify_raw=false"]
+    with pytest.raises(pkg("errors").ConfigError) as refused:
+        pkg("task").load_config(None, overrides)
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(f"task.name: module {PACKAGE}.tasks.old_style")
+    lines = OLD_TASK.splitlines()
+    moved = {"..shards": "..data.shards", "..pretrained": "..data.pretrained"}
+    moved |= {"..transformer": "..blocks.transformer"}
+    for old, new in moved.items():
+        line = next(i for i, text in enumerate(lines, 1) if f"from {old} import" in text)
+        assert f"line {line}: {old} is now {new}" in said, said
+    assert "processed_digest of ..data, now ..data.processed" in said, said
+
+    fixed = [text for text in lines if not text.startswith(("from ..", "USED ="))]
+    api = "from ..api import Classification, Datasets, DataError, build_model, split_indices"
+    (tmp_path / "old_style.py").write_text("\n".join([api, *fixed]) + "\n", encoding="utf-8")
+    sys.modules.pop(f"{PACKAGE}.tasks.old_style", None)
     try:
-        with pytest.warns(FutureWarning) as caught:
-            spec.loader.exec_module(module)
-        said = " ".join(str(w.message) for w in caught)
-        moved = {"shards": "data.shards", "pretrained": "data.pretrained"}
-        moved |= {"transformer": "blocks.transformer", "processed_digest": "data.processed"}
-        for old, new in moved.items():
-            assert old in said and new in said, said
-        overrides = [f"task.name={name}", "train.epochs=2", "train.batch_size=24", "run.name=old"]
-        overrides += ["run.progress=log", "run.figures=false", "data.verify_raw=false"]
-        cfg = pkg("task").load_config(None, overrides)
-        result = pkg("engine.trainer").train(cfg)
-        assert result.exit_code == 0, result
-        assert result.summary["status"] == "finished"
-        assert (project / "runs" / "old" / "summary.json").is_file()
+        result = pkg("engine.trainer").train(pkg("task").load_config(None, overrides))
     finally:
-        del sys.modules[name]
+        sys.modules.pop(f"{PACKAGE}.tasks.old_style", None)
+    assert result.exit_code == 0, result
+    assert (project / "runs" / "old" / "summary.json").is_file()

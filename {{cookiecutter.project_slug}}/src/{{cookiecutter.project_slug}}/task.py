@@ -32,8 +32,10 @@ would. (Once per batch, not per sample: saving and seeding three generators cost
 microseconds, too much to spend on every sample of a fast input pipeline.)
 """
 
+import ast
 import hashlib
 import importlib
+import importlib.util
 import random
 import re
 from abc import ABC, abstractmethod
@@ -433,7 +435,14 @@ def task_class(name: str) -> type[Task]:
     module_name = name if "." in name else f"{package}.tasks.{name}"
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
+    except ImportError as err:
+        if gone := _removed_imports(module_name):
+            raise ConfigError(
+                f"task.name: module {module_name} imports what template release 0.3.0 "
+                f"removed ({'; '.join(gone)}): import from ..api instead"
+            ) from None
+        if not isinstance(err, ModuleNotFoundError):
+            raise
         if err.name is None or not module_name.startswith(err.name):
             raise  # the task module exists but imports something missing: show that
         raise ConfigError(
@@ -444,6 +453,46 @@ def task_class(name: str) -> type[Task]:
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task.name: module {module_name} sets no TASK = <a Task subclass>")
     return cls
+
+
+# The import paths of release 0.2.0 that release 0.3.0 removed, and where each went: a task
+# written then fails to import, and is told so here in one line (CHANGELOG.md, 0.3.0).
+_REMOVED = {"shards": "data.shards", "pretrained": "data.pretrained"}
+_REMOVED |= {"transformer": "blocks.transformer"}
+# The names of the former module `data.py`, now in `data/processed.py`.
+_FORMER_DATA = frozenset({
+    "check_same_data", "prepare", "processed_digest", "read_digests", "stage", "swapped_in",
+    "verify", "write_digests",
+})  # fmt: skip
+
+
+def _removed_imports(module_name: str) -> list[str]:
+    """`line N: ..old is now ..new` for each import of a removed path in a module's source."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except ImportError:  # a package on its dotted path is missing
+        return []
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return []
+    prefix = f"{__package__}."
+    gone = []
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        # From tasks/: `from ..shards import ...`, or spelled out: `from <package>.shards ...`.
+        if node.level == 2:
+            module = node.module
+        elif node.level == 0 and node.module.startswith(prefix):
+            module = node.module.removeprefix(prefix)
+        else:
+            continue
+        names = [alias.name for alias in node.names if alias.name in _FORMER_DATA]
+        if module in _REMOVED:
+            gone.append(f"line {node.lineno}: ..{module} is now ..{_REMOVED[module]}")
+        elif module == "data" and names:
+            moved = f"{', '.join(names)} of ..data, now ..data.processed"
+            gone.append(f"line {node.lineno}: {moved}")
+    return gone
 
 
 def available() -> list[str]:
