@@ -207,7 +207,7 @@ def test_modules_load_from_a_clean_state(default_bake) -> None:
 
 def test_rendezvous_port_is_the_same_in_the_script_and_in_python(default_bake) -> None:
     project = default_bake.project
-    dist = module_at(project / "src" / project.name / "engine/distributed.py", "dist")
+    dist = module_at(project / "src" / project.name / "engine/parallel/distributed.py", "dist")
     cases = [(8, 0), (9, 0), (1234567, 3), (4001, 7)]
     for job, restart in cases:
         env = f"SLURM_JOB_ID={job} SLURM_RESTART_COUNT={restart}"
@@ -252,7 +252,7 @@ def test_gpu_request_and_memory_follow_partition_and_answers(
 def test_requeue_exit_code_matches_the_trainer(baked) -> None:
     project, _ = baked
     common = (project / "slurm" / "common.sh").read_text()
-    preemption = (project / "src" / project.name / "engine/preemption.py").read_text()
+    preemption = (project / "src" / project.name / "engine/parallel/preemption.py").read_text()
     script_code = re.search(r"^readonly EXIT_REQUEUE=(\d+)$", common, re.MULTILINE)
     trainer_code = re.search(r"^EXIT_REQUEUE = (\d+)$", preemption, re.MULTILINE)
     assert script_code and trainer_code

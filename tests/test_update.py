@@ -43,7 +43,7 @@ PACKAGE_DIR = f"{TEMPLATE_DIR}/src/{TEMPLATE_DIR}"
 # A task module: src/<slug>/tasks/ is the project's; this one stands in for the user's.
 TASK = f"{PACKAGE_DIR}/tasks/fake_task.py"
 # Files each release changes (template paths), and what the user edits in the project.
-TEMPLATE_OWNED = ["slurm/train.sbatch", f"src/{TEMPLATE_DIR}/engine/checkpoint.py"]
+TEMPLATE_OWNED = ["slurm/train.sbatch", f"src/{TEMPLATE_DIR}/engine/state/checkpoint.py"]
 PROJECT_OWNED = [
     "README.md",
     "configs/train.toml",
@@ -470,7 +470,7 @@ def test_a_task_of_release_0_2_is_told_its_removed_imports_after_the_update_into
     project = from_flat[engine]
     task = project / "src" / SLUG / "tasks" / "fake_task.py"
     assert task.read_text("utf-8") == USER_TASK  # the project's own file, kept as it was
-    assert (project / "src" / SLUG / "engine" / "trainer.py").is_file()
+    assert (project / "src" / SLUG / "engine" / "loop" / "trainer.py").is_file()
     assert not (project / "src" / SLUG / "trainer.py").exists()
     assert not (project / "src" / SLUG / "shards.py").exists()
     args = ["task.name=fake_task", "train.epochs=2", "train.batch_size=24", "run.name=mine"]
@@ -955,7 +955,7 @@ def test_copier_cruft_and_status_agree_on_what_is_owned(default_bake: Bake, tmp_
         assert rel in by_status, rel
     assert f"src/{slug}/tasks/deep/fake_task.py" in by_status
     template_owned = ["slurm/README.md", "slurm/train.sbatch", "Makefile"]
-    for rel in [*template_owned, f"src/{slug}/engine/trainer.py"]:
+    for rel in [*template_owned, f"src/{slug}/engine/loop/trainer.py"]:
         assert rel not in by_status, rel
 
 
@@ -969,7 +969,10 @@ def test_changelog_between_leaves_out_unreleased_work() -> None:
 def test_status_maps_template_names_to_this_project() -> None:
     answers = {"project_slug": "heat_sim", "ci": "github", "license": "MIT"}
     path = status.project_path
-    assert path(f"{PACKAGE_DIR}/engine/trainer.py", answers) == "src/heat_sim/engine/trainer.py"
+    assert (
+        path(f"{PACKAGE_DIR}/engine/loop/trainer.py", answers)
+        == "src/heat_sim/engine/loop/trainer.py"
+    )
     ci = ".github/workflows/{% if cookiecutter.ci == 'github' %}ci.yml{% endif %}"
     assert path(f"{TEMPLATE_DIR}/{ci}", answers) == ".github/workflows/ci.yml"
     gitlab = "{% if cookiecutter.ci == 'gitlab' %}.gitlab-ci.yml{% endif %}"

@@ -62,11 +62,11 @@ from torch.distributed.checkpoint.staging import DefaultStager  # noqa: E402
 from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
 checkpoint, checkpoint_io, distributed, shard_files, strategies = (
-    pkg("engine.checkpoint"),
-    pkg("engine.checkpoint_io"),
-    pkg("engine.distributed"),
-    pkg("engine.shard_files"),
-    pkg("engine.strategy"),
+    pkg("engine.state.checkpoint"),
+    pkg("engine.state.checkpoint_io"),
+    pkg("engine.parallel.distributed"),
+    pkg("engine.state.shard_files"),
+    pkg("engine.parallel.strategy"),
 )
 
 

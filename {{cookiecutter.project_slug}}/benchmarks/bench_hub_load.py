@@ -9,7 +9,7 @@ for 1 and `--processes` processes on this machine (gloo on the CPU), each proces
   0 builds the whole model with random values, the others its shapes, rank 0's values are
   sent into the shards, then every process reads the whole files (`read_weights`) and keeps
   its slices;
-- `sliced`: `model.init_from` as the trainer does it now (engine/initial_weights.py): every
+- `sliced`: `model.init_from` as the trainer does it now (engine/state/initial_weights.py): every
   process builds on the meta device and reads only its own slices.
 
 For each it prints the peak host memory the set-up added per process (anonymous memory,
@@ -113,7 +113,7 @@ def _rank(rank: int, job: Job) -> None:
     """One process: the set-up of `job.mode`; writes its peak memory and seconds."""
     world, port, mode, folder, out = job.world, job.port, job.mode, job.folder, job.out
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROJECT_ROOT=str(out))
-    distributed, strategy = pkg("engine.distributed"), pkg("engine.strategy")
+    distributed, strategy = pkg("engine.parallel.distributed"), pkg("engine.parallel.strategy")
     launcher = "torchrun" if world > 1 else "single"
     denv = distributed.DistEnv(rank, rank, world, world, launcher)
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
@@ -129,7 +129,7 @@ def _rank(rank: int, job: Job) -> None:
         else:
             net, _ = strategy.create(plain, denv, torch.device("cpu")).setup(task)
             weights = pkg("data.pretrained").read_weights(folder)
-            pkg("engine.checkpoint").load_model(task.pretrained_target(net), weights, "whole")
+            pkg("engine.state.checkpoint").load_model(task.pretrained_target(net), weights, "whole")
             del weights
         distributed.barrier()
     found = {"mib": (memory.peak - memory.before) / 1024, "s": time.perf_counter() - start}
@@ -139,7 +139,7 @@ def _rank(rank: int, job: Job) -> None:
 
 def main() -> None:
     args = parse_args()
-    port = pkg("engine.distributed").rendezvous_port(os.getpid() % 100_000, 0)
+    port = pkg("engine.parallel.distributed").rendezvous_port(os.getpid() % 100_000, 0)
     with tempfile.TemporaryDirectory(prefix="bench-hub-") as tmp:
         folder, out = Path(tmp) / "model", Path(tmp)
         size = make_folder(folder, args)

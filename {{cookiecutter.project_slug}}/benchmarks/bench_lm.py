@@ -42,7 +42,7 @@ from torch.utils.data import TensorDataset  # noqa: E402
 
 from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-Task, Datasets, trainer = pkg("task").Task, pkg("task").Datasets, pkg("engine.trainer")
+Task, Datasets, trainer = pkg("task").Task, pkg("task").Datasets, pkg("engine.loop.trainer")
 CausalLM = pkg("blocks.transformer").CausalLM
 VOCAB, HEADS, LR = 256, 16, 3e-4
 # Dense bf16 peak of one GPU, TFLOP/s, by a part of its name (the vendors' data sheets).

@@ -82,12 +82,12 @@ def _rank(rank: int, strategy: str, port: int, args: argparse.Namespace, out: Pa
     """One of two ranks: STEPS timed steps; writes seconds/step, state bytes and peak RSS."""
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    distributed = pkg("engine.distributed")
+    distributed = pkg("engine.parallel.distributed")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 10.0)
     cfg = pkg("task").load_config(None, tower(strategy, args))
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
-    plan = pkg("engine.strategy").create(cfg, denv, torch.device("cpu"))
+    plan = pkg("engine.parallel.strategy").create(cfg, denv, torch.device("cpu"))
     Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # peak := now (Linux)
     before = memory_kib("VmRSS")
     net, model = plan.setup(task)
@@ -131,7 +131,7 @@ def strategies(args: argparse.Namespace, out: Path) -> dict[str, list[float]]:
 def lost_to_checkpoints(args: argparse.Namespace, runs: Path) -> dict[str, float]:
     """Wall seconds of one short run per setting; periodic saves every 4 of 52 steps."""
     os.environ["RUNS_DIR"] = str(runs)
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     common = [
         *tower("fsdp", args),
         "data.verify_raw=false",
@@ -160,7 +160,7 @@ LOAD = """
 import sys, time, torch
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from {package}.engine import checkpoint
+from {package}.engine.state import checkpoint
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 before, start = rss(), time.perf_counter()
 if sys.argv[2] == "mmap":
@@ -176,7 +176,7 @@ print(loaded, after, time.perf_counter() - start, rss() - before)
 def resume_load(args: argparse.Namespace, folder: Path) -> dict[str, list[float]]:
     n = args.load_mb * 2**20 // 4 // 64
     state = {"model": {f"w{i}": torch.randn(n) for i in range(64)}}
-    path = pkg("engine.checkpoint").save(state, folder, 1, keep=1)
+    path = pkg("engine.state.checkpoint").save(state, folder, 1, keep=1)
     code = LOAD.format(src=str(ROOT / "src"), package=PACKAGE)
     found = {}
     for how in ("full", "mmap"):

@@ -7,7 +7,7 @@ Three figures, each side by side in one run (alternating order, best of `--round
    project's stream loader, against a plain DataLoader whose workers read the same files'
    bytes whole and cut them into as many pieces as there are samples, with no parsing and no
    decoding. Same disk, same workers, same batch size.
-2. `loader/plain`: the project's stream loader (`engine.stream_batches.StreamBatches`, which
+2. `loader/plain`: the project's stream loader (`engine.loop.stream_batches.StreamBatches`, which
    seeds each batch and tags it with its worker's position) against a plain DataLoader over
    the same `IterableDataset`.
 3. `resume/epoch`: a stream with no state of its own, stopped after `--consumed` samples: the
@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -56,25 +56,38 @@ sys.path.insert(0, str(ROOT / "src"))
 PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
 
 
-def pkg(module: str) -> ModuleType:
-    """A module of the project's package, e.g. pkg("data.tars")."""
-    return importlib.import_module(f"{PACKAGE}.{module}")
+# The wing of each engine module used here; a copy from before the wings has it in `engine`.
+WING = {"stream_batches": "loop", "loading": "loop", "fork_server_start": "loop"}
+WING["distributed"] = "parallel"
+
+
+def engine_module(name: str, module: str) -> str:
+    """The dotted path of an engine module of package `name`, in either layout."""
+    wing = WING[module]
+    winged = importlib.util.find_spec(f"{name}.engine.{wing}") is not None
+    return f"{name}.engine.{wing}.{module}" if winged else f"{name}.engine.{module}"
 
 
 def loading_settings(name: str) -> type | None:
     """The loader settings class of package `name`; None in a copy from before it existed."""
-    if importlib.util.find_spec(f"{name}.engine.loading") is None:
-        return None
-    return importlib.import_module(f"{name}.engine.loading").Loading
+    path = engine_module(name, "loading")
+    return None if importlib.util.find_spec(path) is None else importlib.import_module(path).Loading
 
 
-tars, streams, feeding = pkg("data.tars"), pkg("data.streams"), pkg("engine.stream_batches")
-DistEnv = pkg("engine.distributed").DistEnv
-NOW = SimpleNamespace(
-    name=PACKAGE, tars=tars, feeding=feeding, DistEnv=DistEnv, Loading=loading_settings(PACKAGE)
-)
-# The modules the fork server of the stream loader preloads (engine.stream_batches.fork_server).
-PRELOADED = ("engine.fork_server_start", "data.streams", "data.tars")
+def side(name: str) -> SimpleNamespace:
+    """What the benchmark uses of package `name` (today's, or an earlier copy's)."""
+    load = importlib.import_module
+    return SimpleNamespace(
+        name=name,
+        tars=load(f"{name}.data.tars"),
+        feeding=load(engine_module(name, "stream_batches")),
+        DistEnv=load(engine_module(name, "distributed")).DistEnv,
+        Loading=loading_settings(name),
+    )
+
+
+NOW = side(PACKAGE)
+tars = NOW.tars
 
 
 def before(folder: Path, tmp: Path) -> SimpleNamespace:
@@ -82,19 +95,18 @@ def before(folder: Path, tmp: Path) -> SimpleNamespace:
     name = f"before_{PACKAGE}"
     shutil.copytree(folder, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
     sys.path.insert(0, str(tmp))
-    load = importlib.import_module
-    return SimpleNamespace(
-        name=name,
-        tars=load(f"{name}.data.tars"),
-        feeding=load(f"{name}.engine.stream_batches"),
-        DistEnv=load(f"{name}.engine.distributed").DistEnv,
-        Loading=loading_settings(name),
-    )
+    return side(name)
 
 
 def start_fork_server(packages: list[SimpleNamespace]) -> None:
-    """One fork server with every package's modules, before either's first pass."""
-    modules = [f"{p.name}.{module}" for p in packages for module in PRELOADED]
+    """One fork server with every package's modules, before either's first pass (the modules
+    the stream loader's own server preloads: `fork_server` in engine/loop/stream_batches.py)."""
+    modules = [
+        module
+        for p in packages
+        for module in (engine_module(p.name, "fork_server_start"), f"{p.name}.data.streams")
+    ]
+    modules += [f"{p.name}.data.tars" for p in packages]
     multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", *modules])
     multiprocessing.forkserver.ensure_running()
 

@@ -79,7 +79,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from under_test import pkg  # noqa: E402  (the package under test, found via pyproject.toml)
 
-config, models, trainer = pkg("config"), pkg("models"), pkg("engine.trainer")
+config, models, trainer = pkg("config"), pkg("models"), pkg("engine.loop.trainer")
 Datasets, Classification = pkg("task").Datasets, pkg("task_kinds").Classification
 settings = pkg("settings")
 LR = 1e-3

@@ -27,7 +27,7 @@
 {%- endif %}
 
 # Exit code of `{{ slug }} train` meaning "checkpoint written after a stop signal, please
-# requeue" (EXIT_REQUEUE in src/{{ slug }}/engine/preemption.py; a template test keeps them equal).
+# requeue" (EXIT_REQUEUE in src/{{ slug }}/engine/parallel/preemption.py; a template test keeps them equal).
 readonly EXIT_REQUEUE=3
 # Exit codes of a transient failure, worth a relaunch from the last checkpoint: 75 is what
 # `{{ slug }} train` exits with after a distributed (NCCL, store) error (EXIT_TRANSIENT in
@@ -458,7 +458,7 @@ launch_command() {
 }
 
 # The rendezvous port of this job: the rule of rendezvous_port() in
-# src/<package>/engine/distributed.py (a template test keeps the two equal). Ports 10000-29999,
+# src/<package>/engine/parallel/distributed.py (a template test keeps the two equal). Ports 10000-29999,
 # below Linux's ephemeral range: 10 per job id, taken from the id modulo 2000, so jobs whose
 # ids differ by less than 2000 never share one (array tasks have ids of their own, which
 # are consecutive); 0-4 for the srun launcher by restart count, 5 for torchrun's agent.

@@ -195,7 +195,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model weights of a run's newest checkpoint."""
-    state = pkg("engine.checkpoint").load_latest(run_dir / "checkpoints")
+    state = pkg("engine.state.checkpoint").load_latest(run_dir / "checkpoints")
     assert state is not None, f"no checkpoint in {run_dir}"
     return state["model"]
 

@@ -12,12 +12,12 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 from conftest import pkg
 
-checkpoint = pkg("engine.checkpoint")
-checkpoint_io = pkg("engine.checkpoint_io")
-distributed = pkg("engine.distributed")
+checkpoint = pkg("engine.state.checkpoint")
+checkpoint_io = pkg("engine.state.checkpoint_io")
+distributed = pkg("engine.parallel.distributed")
 errors = pkg("errors")
-shard_files = pkg("engine.shard_files")
-strategies = pkg("engine.strategy")
+shard_files = pkg("engine.state.shard_files")
+strategies = pkg("engine.parallel.strategy")
 
 
 def saver(tmp_path: Path, strategy: str) -> tuple[object, nn.Module, object, object]:

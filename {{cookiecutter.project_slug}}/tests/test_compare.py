@@ -14,12 +14,12 @@ import torch
 from conftest import PACKAGE, ROOT, blobs, cli_env, pkg
 
 trainer, compare, runtime, cli = (
-    pkg("engine.trainer"),
+    pkg("engine.loop.trainer"),
     pkg("experiments.compare"),
-    pkg("engine.runtime"),
+    pkg("engine.parallel.runtime"),
     pkg("cli"),
 )
-distributed = pkg("engine.distributed")
+distributed = pkg("engine.parallel.distributed")
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
 BEST = ["run.best_metric=accuracy", "run.best_mode=max", "run.val_every_steps=5"]

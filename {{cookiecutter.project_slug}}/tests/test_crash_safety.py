@@ -8,9 +8,9 @@ from pathlib import Path
 
 from conftest import blobs, pkg
 
-checkpoint = pkg("engine.checkpoint")
+checkpoint = pkg("engine.state.checkpoint")
 config = pkg("config")
-trainer = pkg("engine.trainer")
+trainer = pkg("engine.loop.trainer")
 
 
 def newest_step(directory: Path) -> int:

@@ -20,7 +20,7 @@ pytest.importorskip("hypothesis", reason=DEV_ONLY)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-cli, trainer = pkg("cli"), pkg("engine.trainer")
+cli, trainer = pkg("cli"), pkg("engine.loop.trainer")
 
 # Each example resets the files it damages, so the function-scoped folders can be shared.
 EXAMPLES = settings(

@@ -117,7 +117,7 @@ def test_a_damaged_file_stops_the_run_in_one_line_with_its_last_good_step(
 ) -> None:
     step, _, _ = damaged_run(project, train, kind, processes, "run.name=r")
     assert step > 0  # the damage lies two thirds into its file
-    saved = pkg("engine.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
+    saved = pkg("engine.state.checkpoint").list_checkpoints(project / "runs" / "r" / "checkpoints")
     assert saved[-1][0] == step
     assert not (project / "data" / "sources.manifest.tsv").exists()  # nothing taken as good
 

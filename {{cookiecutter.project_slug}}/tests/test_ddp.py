@@ -13,8 +13,8 @@ import torch
 
 from conftest import PACKAGE, cli_env, pkg
 
-checkpoint = pkg("engine.checkpoint")
-distributed = pkg("engine.distributed")
+checkpoint = pkg("engine.state.checkpoint")
+distributed = pkg("engine.parallel.distributed")
 
 # Every test here starts two or more processes: `make test-all` and CI run them.
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_two_ranks_agree_on_a_stop_and_match_one_process_with_the_global_batch(
     # Resume in one process with the same global batch (1 x 32): each step then sees the same
     # samples as the two ranks together, so it continues the same trajectory; compare with a
     # single-process run from the start.
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     assert train(load(None, [*ARGS[1:], "train.batch_size=32"])).exit_code == 0
     assert f"resumed from step {stopped_at['step']}" in capsys.readouterr().out
     train(load(None, [*ARGS[1:], "train.batch_size=32", "run.name=single"]))
@@ -175,7 +175,7 @@ def test_gathered_negatives_over_two_ranks_match_one_process_and_resume_exactly(
 ) -> None:
     # 2 x 16 rows with every rank's rows as negatives: the loss and trajectory of 1 x 32.
     ended(srun_like(project, free_job_id(), *CONTRASTIVE))
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     single = [*ARGS[1:-1], *CONTRASTIVE, "train.batch_size=32", "run.name=single"]
     assert train(load(None, single)).exit_code == 0
     runs = project / "runs"

@@ -46,7 +46,7 @@ def test_distributed_failure_exits_with_the_code_the_job_retries(
     def broken(*_args: object, **_kwargs: object) -> None:
         raise torch.distributed.DistNetworkError("Connection reset by peer\nmore detail")
 
-    monkeypatch.setattr(pkg("engine.trainer"), "train", broken)
+    monkeypatch.setattr(pkg("engine.loop.trainer"), "train", broken)
     code = pkg("cli").main(["train", *TOY, "run.name=flaky"])
     assert code == pkg("observe.diagnostics").EXIT_TRANSIENT == 75
     (line,) = capsys.readouterr().err.splitlines()
@@ -107,7 +107,7 @@ def test_full_disk_while_saving_is_one_line_naming_the_run(
         with open("/dev/full", "wb") as f:  # noqa: PTH123 - as checkpoint.save_atomic writes
             torch.save(state, f)
 
-    monkeypatch.setattr(pkg("engine.trainer"), "train", save_to_full_disk)
+    monkeypatch.setattr(pkg("engine.loop.trainer"), "train", save_to_full_disk)
     diagnostics = pkg("observe.diagnostics")
     usage = diagnostics.shutil.disk_usage(project)
     monkeypatch.setattr(diagnostics.shutil, "disk_usage", lambda _p: usage._replace(free=0))

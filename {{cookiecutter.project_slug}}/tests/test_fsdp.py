@@ -20,7 +20,7 @@ from test_ddp import free_job_id, srun_like, train_losses
 # Every test here starts two or more processes: `make test-all` and CI run them.
 pytestmark = pytest.mark.slow
 
-checkpoint = pkg("engine.checkpoint")
+checkpoint = pkg("engine.state.checkpoint")
 TOWER = [
     "task.name=toy_tasks.tower",
     "model.depth=3",
@@ -98,7 +98,7 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
     assert f"{shard}: checksum mismatch" in capsys.readouterr().err
 
     # The two-process checkpoint resumes in one process: resharded, and said so.
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     cfg = load(
         None,
         [
@@ -123,7 +123,7 @@ def test_fsdp_follows_ddp_and_resumes_bit_exactly(
 SLOW_SAVE = """
 import os, time
 if os.environ.get("SLURM_PROCID") == "0":
-    from {package}.engine import checkpoint
+    from {package}.engine.state import checkpoint
     write, slow = checkpoint.write_manifest, set()
     def write_manifest(path, *args):
         if path not in slow:  # once per checkpoint: a disk far slower than the timeout
@@ -173,7 +173,7 @@ def test_a_slow_save_ends_in_a_checkpoint_and_a_kill_during_one_keeps_the_last(
 def test_damaged_foreign_and_unreadable_checkpoints(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     errors = pkg("errors")
     args = [
         "task.name=toy_tasks.blobs",
@@ -219,7 +219,7 @@ def test_a_frozen_part_without_init_from_is_kept_in_checkpoints(project: Path) -
 
     A frozen base read from `model.init_from` is left out instead (the test below).
     """
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     args = [
         "task.name=toy_tasks.tower",
         "task.adapter_rank=2",
@@ -246,7 +246,7 @@ def test_a_frozen_part_without_init_from_is_kept_in_checkpoints(project: Path) -
 
 
 def test_a_frozen_base_from_init_from_is_left_out_and_checked_by_digest(project: Path) -> None:
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     args = [
         "task.name=toy_tasks.tower",
         "task.adapter_rank=2",
@@ -287,7 +287,7 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
     """One rank: build the tower with `strategy`, take a step; write its local state bytes,
     the memory its build and sharding added at their peak and the devices it was built on."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    distributed = pkg("engine.distributed")
+    distributed = pkg("engine.parallel.distributed")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
 
@@ -311,7 +311,9 @@ def _state_bytes(rank: int, strategy: str, port: int, out: Path) -> None:
             return model
 
         task.build_model = watched
-        net, model = pkg("engine.strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+        net, model = (
+            pkg("engine.parallel.strategy").create(cfg, denv, torch.device("cpu")).setup(task)
+        )
         return net, model, devices
 
     # A tiny tower first pays the one-off costs of a first build (lazy imports, buffers of
@@ -342,7 +344,7 @@ def test_fsdp_holds_half_the_state_per_rank_and_only_rank_0_builds_the_whole_mod
     # An 8.4M-parameter tower of 32 blocks (34 MB of weights, 100 MB with Adam moments per
     # ddp rank, 1 MB its largest tensor): enough to see the ratios, small enough for CI.
     for strategy in ("ddp", "fsdp"):
-        port = pkg("engine.distributed").rendezvous_port(free_job_id(), 0)
+        port = pkg("engine.parallel.distributed").rendezvous_port(free_job_id(), 0)
         mp.spawn(_state_bytes, args=(strategy, port, tmp_path), nprocs=2)
     ddp, fsdp = (
         [json.loads((tmp_path / f"{s}-{r}.json").read_text()) for r in range(2)]
@@ -401,7 +403,7 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
     """One of two ranks: a tied model built on the meta device, accumulation under ddp and
     fsdp, `model.init_from` into the sharded model; each rank saves what it found."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    distributed, strategy = pkg("engine.distributed"), pkg("engine.strategy")
+    distributed, strategy = pkg("engine.parallel.distributed"), pkg("engine.parallel.strategy")
     denv = distributed.DistEnv(rank=rank, world_size=2, local_world_size=2, launcher="torchrun")
     distributed.init(denv, torch.device("cpu"), "gloo", 1.0)
     cpu, found = torch.device("cpu"), {}
@@ -438,7 +440,9 @@ def _sharded_checks(rank: int, port: int, out: Path) -> None:
 
     # model.init_from into the sharded tower, as the trainer loads it: each rank its slices.
     weights = pkg("data.pretrained").read_weights(out / "tower.safetensors")
-    pkg("engine.checkpoint").load_model(task.pretrained_target(net), weights, "model.init_from")
+    pkg("engine.state.checkpoint").load_model(
+        task.pretrained_target(net), weights, "model.init_from"
+    )
     found["init"] = {k: _whole(v) for k, v in net.state_dict().items()}
     torch.save(found, out / f"found-{rank}.pt")
     distributed.shutdown()
@@ -450,7 +454,7 @@ def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> Non
     tower = pkg("task").load_task(cfg, pkg("settings").get_settings()).build_model()
     pretrained = tower.state_dict()
     save_file(pretrained, tmp_path / "tower.safetensors")
-    port = pkg("engine.distributed").rendezvous_port(free_job_id(), 0)
+    port = pkg("engine.parallel.distributed").rendezvous_port(free_job_id(), 0)
     mp.spawn(_sharded_checks, args=(port, tmp_path), nprocs=2)
     for rank in range(2):
         found = torch.load(tmp_path / f"found-{rank}.pt", weights_only=True)
@@ -471,7 +475,7 @@ def test_meta_build_accumulation_and_init_from_under_fsdp(tmp_path: Path) -> Non
 
 
 def test_strategy_settings(project: Path) -> None:
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     config_error = pkg("errors").ConfigError
     with pytest.raises(config_error, match=r"dist.strategy: must be one of \['ddp', 'fsdp'\]"):
         load(None, ["dist.strategy=zero"])
@@ -488,8 +492,8 @@ def test_strategy_settings(project: Path) -> None:
     for mode in ("none", "blocks"):
         cfg = load(None, ["task.name=toy_tasks.tower", f"train.activation_checkpointing={mode}"])
         task = pkg("task").load_task(cfg, pkg("settings").get_settings())
-        plan = pkg("engine.strategy").create(
-            cfg, pkg("engine.distributed").DistEnv(), torch.device("cpu")
+        plan = pkg("engine.parallel.strategy").create(
+            cfg, pkg("engine.parallel.distributed").DistEnv(), torch.device("cpu")
         )
         torch.manual_seed(0)
         net, model = plan.setup(task)
@@ -503,7 +507,7 @@ def test_strategy_settings(project: Path) -> None:
 
 
 def test_a_model_that_placed_itself_is_not_moved() -> None:
-    place = pkg("engine.strategy").place
+    place = pkg("engine.parallel.strategy").place
     built_on_cpu = torch.nn.Linear(2, 2)
     assert place(built_on_cpu, torch.device("meta")).weight.device.type == "meta"
     # A part already elsewhere (e.g. a quantised base its library put on the GPU): left alone.

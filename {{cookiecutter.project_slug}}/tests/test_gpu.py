@@ -31,11 +31,13 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 
 def train(*overrides: str, **options: object):
     task = blobs(*GPU, *overrides, **options)
-    return pkg("engine.trainer").train(task.cfg, task)
+    return pkg("engine.loop.trainer").train(task.cfg, task)
 
 
 def weights(project: Path, name: str) -> dict[str, torch.Tensor]:
-    return pkg("engine.checkpoint").load_latest(project / "runs" / name / "checkpoints")["model"]
+    return pkg("engine.state.checkpoint").load_latest(project / "runs" / name / "checkpoints")[
+        "model"
+    ]
 
 
 def test_auto_precision_is_bf16_exactly_on_native_hardware(project: Path) -> None:
@@ -44,13 +46,13 @@ def test_auto_precision_is_bf16_exactly_on_native_hardware(project: Path) -> Non
     assert result.summary["peak_gpu_mem_gib"] > 0
     native = torch.cuda.get_device_capability() >= (8, 0)
     expected = torch.bfloat16 if native else None
-    assert pkg("engine.runtime").autocast_dtype("auto", torch.device("cuda")) == expected
+    assert pkg("engine.parallel.runtime").autocast_dtype("auto", torch.device("cuda")) == expected
 
 
 def test_fp16_with_loss_scaling(project: Path) -> None:
     result = train("run.name=fp16", "train.precision=fp16", "train.epochs=5")
     assert result.summary["val_accuracy"] > 0.9
-    state = pkg("engine.checkpoint").load_latest(project / "runs" / "fp16" / "checkpoints")
+    state = pkg("engine.state.checkpoint").load_latest(project / "runs" / "fp16" / "checkpoints")
     assert state["scaler"]["scale"] > 0
 
 
@@ -64,14 +66,14 @@ def test_deterministic_channels_last_cnn() -> None:
             *("run.deterministic=true", "train.epochs=2", "train.precision=bf16"),
         ],
     )
-    assert pkg("engine.trainer").train(cfg).summary["status"] == "finished"
+    assert pkg("engine.loop.trainer").train(cfg).summary["status"] == "finished"
 
 
 def test_resume_restores_this_gpus_random_state(project: Path) -> None:
     common = ["train.epochs=2", "run.deterministic=true", "train.precision=fp32"]
     train(*common, "run.name=a")
     train(*common, "run.name=b", "run.max_steps_this_segment=5")
-    state = pkg("engine.checkpoint").load_latest(project / "runs" / "b" / "checkpoints")
+    state = pkg("engine.state.checkpoint").load_latest(project / "runs" / "b" / "checkpoints")
     # One generator state per process, not one per visible GPU: a start that sees fewer
     # GPUs (one per task) restores it.
     assert all(r["cuda"].dim() == 1 for r in state["rng"])
@@ -158,7 +160,7 @@ def test_srun_launcher_path_with_nccl(project: Path) -> None:
 
 def _signal_on_call(monkeypatch: pytest.MonkeyPatch, method: str, call: int) -> None:
     """Send this process SIGUSR1 as Trainer.<method> is called for the `call`-th time (once)."""
-    trainer_class = pkg("engine.trainer").Trainer
+    trainer_class = pkg("engine.loop.trainer").Trainer
     original, calls = getattr(trainer_class, method), [0]
 
     def signalled(self: object, *args: object, **kwargs: object) -> object:
@@ -196,12 +198,12 @@ def test_background_checkpoints_from_pinned_buffers_equal_blocking_ones(
     # checkpoints of steps 3 and 6 (background) and 9 (final) equal a blocking run's. A GPU
     # reaches step 6 before step 3's save is on the disk, which would skip it: here the save
     # due then waits for the previous one instead, so that both background saves are made.
-    monkeypatch.setattr(pkg("engine.checkpoint_io").Checkpointer, "skip", lambda *_: False)
+    monkeypatch.setattr(pkg("engine.state.checkpoint_io").Checkpointer, "skip", lambda *_: False)
     common = ["train.epochs=3", "run.deterministic=true", "train.precision=fp32"]
     common += ["run.checkpoint_every_steps=3", "run.keep_checkpoints=10"]
     train(*common, "run.name=background", "run.async_checkpoint=true")
     train(*common, "run.name=blocking")
-    ckpt = pkg("engine.checkpoint")
+    ckpt = pkg("engine.state.checkpoint")
     found = {
         name: dict(ckpt.list_checkpoints(project / "runs" / name / "checkpoints"))
         for name in ("background", "blocking")
@@ -234,7 +236,7 @@ def test_resumed_segment_needs_no_more_gpu_memory(project: Path) -> None:
 
 
 def test_in_memory_auto_leaves_half_the_free_gpu_memory() -> None:
-    fits, device = pkg("engine.runtime").fits_in_memory, torch.device("cuda")
+    fits, device = pkg("engine.parallel.runtime").fits_in_memory, torch.device("cuda")
     free, _ = torch.cuda.mem_get_info(device)
     assert fits(1 << 20, 1e6, device)
     assert not fits(int(0.75 * free), 1e6, device)

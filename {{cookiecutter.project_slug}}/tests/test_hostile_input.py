@@ -59,7 +59,7 @@ def test_the_trainer_checks_the_run_name_too() -> None:
     """Code that calls the trainer without the command line gets the same rule."""
     cfg = pkg("task").load_config(None, [])
     with pytest.raises(pkg("errors").ConfigError, match="RUN_NAME '/abs'"):
-        pkg("engine.trainer").run_name(cfg, {"RUN_NAME": "/abs"})
+        pkg("engine.loop.trainer").run_name(cfg, {"RUN_NAME": "/abs"})
 
 
 def test_evaluate_refuses_a_run_outside_runs(
@@ -121,7 +121,7 @@ def test_a_path_variable_naming_a_file_gives_one_line(variable: str, project: Pa
 
 def test_a_folder_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
     (tmp_path / "step-000000005.pt").mkdir()
-    assert pkg("engine.checkpoint").list_checkpoints(tmp_path) == []
+    assert pkg("engine.state.checkpoint").list_checkpoints(tmp_path) == []
 
 
 def raw_project(project: Path) -> Path:

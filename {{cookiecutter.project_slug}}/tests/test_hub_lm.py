@@ -90,7 +90,7 @@ def test_a_frozen_bf16_base_stays_bf16_under_bf16_compute_and_resumes_in_fp32(
     raw.mkdir(parents=True)
     (raw / CORPUS.name).write_bytes(CORPUS.read_bytes())
     base = hub_folder(project / "models" / "base", tied=True, dtype=torch.bfloat16)
-    task_api, strategy = pkg("task"), pkg("engine.strategy")
+    task_api, strategy = pkg("task"), pkg("engine.parallel.strategy")
     lora = [*TRAIN, "model.init_from=models/base", "task.lora_rank=4", "run.name=bf16"]
     assert run_cli("prepare", *lora, project=project).returncode == 0
     files = pkg("api").read_weights(base)
@@ -98,7 +98,7 @@ def test_a_frozen_bf16_base_stays_bf16_under_bf16_compute_and_resumes_in_fp32(
         cfg = task_api.load_config(None, [*lora, f"train.precision={precision}"])
         task = task_api.load_task(cfg, pkg("settings").get_settings())
         net, _ = strategy.create(
-            cfg, pkg("engine.distributed").DistEnv(), torch.device("cpu")
+            cfg, pkg("engine.parallel.distributed").DistEnv(), torch.device("cpu")
         ).setup(task)
         dtypes = {n: p.dtype for n, p in net.named_parameters() if not p.requires_grad}
         assert dtypes and set(dtypes.values()) == {frozen}, dtypes
@@ -108,7 +108,7 @@ def test_a_frozen_bf16_base_stays_bf16_under_bf16_compute_and_resumes_in_fp32(
         assert torch.equal(embed, files["model.embed_tokens.weight"].to(frozen))
     # bf16 compute with the base in bf16, stopped; resumed in fp32: the frozen base's digest
     # (checked on resume) is the same in 16 and 32 bits.
-    trainer = pkg("engine.trainer")
+    trainer = pkg("engine.loop.trainer")
     for precision, steps in (
         ("bf16", "run.max_steps_this_segment=3"),
         ("fp32", "run.max_steps_this_segment=0"),
@@ -163,7 +163,7 @@ def stop_after(procs: list[subprocess.Popen[str]], marker: str) -> str:
 
 
 def final(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = pkg("engine.checkpoint").load_latest(run_dir / "checkpoints")
+    state = pkg("engine.state.checkpoint").load_latest(run_dir / "checkpoints")
     assert state is not None
     return state["model"]
 

@@ -6,9 +6,9 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from conftest import pkg
 
-distributed = pkg("engine.distributed")
-runtime = pkg("engine.runtime")
-batches = pkg("engine.batches")
+distributed = pkg("engine.parallel.distributed")
+runtime = pkg("engine.parallel.runtime")
+batches = pkg("engine.loop.batches")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_in_memory_order_matches_distributed_sampler(n: int, world: int, epoch: 
 def test_both_batch_paths_yield_the_same_batches_and_resume_mid_epoch() -> None:
     x, y = torch.randn(50, 3), torch.arange(50)
     denv = distributed.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="torchrun")
-    loading = pkg("engine.loading").Loading(
+    loading = pkg("engine.loop.loading").Loading(
         batch_size=4,
         denv=denv,
         seed=3,

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from conftest import CORPUS, example_task, final_weights, pkg
 
-config, data, trainer = pkg("config"), pkg("data.processed"), pkg("engine.trainer")
+config, data, trainer = pkg("config"), pkg("data.processed"), pkg("engine.loop.trainer")
 pretrained, settings = pkg("data.pretrained"), pkg("settings")
-checkpoint, export = pkg("engine.checkpoint"), pkg("ops.export")
+checkpoint, export = pkg("engine.state.checkpoint"), pkg("ops.export")
 TINY = [
     "run.progress=log",
     "data.verify_raw=false",
@@ -106,7 +106,7 @@ def test_prepare_shards_the_text_and_lora_trains_only_the_adapters(lm_project: P
     assert slim.keys() == exported.keys()
     assert all(torch.equal(slim[k], exported[k]) for k in slim)
     # ... and evaluated whole, with the same result as the run that stored everything.
-    evaluate_run = pkg("engine.evaluate").evaluate_run
+    evaluate_run = pkg("engine.loop.evaluate").evaluate_run
     evaluated = [
         evaluate_run(lm_project / "runs" / r, settings.get_settings()) for r in ("lora", "slim")
     ]

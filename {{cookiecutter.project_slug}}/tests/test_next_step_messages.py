@@ -141,7 +141,7 @@ def test_install_ends_by_checking_the_torch_in_the_environment(
 def test_batches_larger_than_the_data_name_what_fits(project: Path, setting: str) -> None:
     """The message names a value that fits; the run with it trains."""
     common = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "run.name=fit"]
-    trainer = pkg("engine.trainer")
+    trainer = pkg("engine.loop.trainer")
     task = blobs(*common, "train.batch_size=16", setting)
     with pytest.raises(config.ConfigError) as refused:
         trainer.train(task.cfg, task)

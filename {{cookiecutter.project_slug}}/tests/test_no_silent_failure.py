@@ -17,9 +17,9 @@ import torch
 
 from conftest import PACKAGE, CliHere, blobs, cli_env, pkg, run_cli
 
-trainer = pkg("engine.trainer")
-checkpoint = pkg("engine.checkpoint")
-preemption = pkg("engine.preemption")
+trainer = pkg("engine.loop.trainer")
+checkpoint = pkg("engine.state.checkpoint")
+preemption = pkg("engine.parallel.preemption")
 ConfigError = pkg("errors").ConfigError
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
@@ -41,7 +41,7 @@ def last_line(out: subprocess.CompletedProcess[str]) -> str:
 
 def read_error(out: subprocess.CompletedProcess[str]) -> str:
     """The one line of a run whose data failed to read (exit 6), with no traceback anywhere."""
-    assert out.returncode == pkg("engine.read_stop").EXIT_DATA, out.stdout[-3000:] + out.stderr
+    assert out.returncode == pkg("engine.loop.read_stop").EXIT_DATA, out.stdout[-3000:] + out.stderr
     assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
     [line] = [line for line in out.stdout.splitlines() if line.startswith("error: ")]
     return line
@@ -149,7 +149,7 @@ def test_nonfinite_patience_tolerates_single_windows(project: Path) -> None:
 
 def test_a_second_stop_signal_after_the_checkpoint_does_not_kill_the_process() -> None:
     code = (
-        f"import os, signal\nfrom {PACKAGE}.engine.preemption import catch_stop_signals\n"
+        f"import os, signal\nfrom {PACKAGE}.engine.parallel.preemption import catch_stop_signals\n"
         "with catch_stop_signals():\n    os.kill(os.getpid(), signal.SIGUSR1)\n"
         "for sig in (signal.SIGUSR1, signal.SIGTERM):\n    os.kill(os.getpid(), sig)\n"
         "print('alive')\n"
@@ -183,7 +183,7 @@ def ended(pid: int) -> bool:
 def test_a_worker_ends_when_its_parent_is_killed_outright(project: Path) -> None:
     """kill -9 of the training process (or of the fork server): no worker stays behind."""
     code = (
-        f"import os, time\nfrom {PACKAGE}.engine.preemption import end_with_parent\n"
+        f"import os, time\nfrom {PACKAGE}.engine.parallel.preemption import end_with_parent\n"
         "if os.fork() == 0:\n    end_with_parent()\n    print(os.getpid(), flush=True)\n"
         "    time.sleep(600)\n    os._exit(0)\ntime.sleep(600)\n"
     )
@@ -204,8 +204,9 @@ def test_a_worker_ends_when_its_parent_is_killed_outright(project: Path) -> None
 def test_a_second_job_on_the_same_run_name_stops_with_one_line(project: Path) -> None:
     run_dir = project / "runs" / "busy"
     code = (
-        f"import sys, time\nfrom pathlib import Path\nfrom {PACKAGE}.engine.checkpoint import "
-        f"lock_run_dir\nwith lock_run_dir(Path({str(run_dir)!r})):\n"
+        f"import sys, time\nfrom pathlib import Path\n"
+        f"from {PACKAGE}.engine.state.checkpoint import lock_run_dir\n"
+        f"with lock_run_dir(Path({str(run_dir)!r})):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n"
     )
     holder = subprocess.Popen(
@@ -271,7 +272,7 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_with_a_line(
 ) -> None:
     run_dir = project / "runs" / "orphan"
     code = (
-        f"import sys\nfrom pathlib import Path\nfrom {PACKAGE}.engine.checkpoint import "
+        f"import sys\nfrom pathlib import Path\nfrom {PACKAGE}.engine.state.checkpoint import "
         f"lock_run_dir\nwith lock_run_dir(Path({str(run_dir)!r})):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n"
     )
@@ -347,7 +348,7 @@ def test_fsync_refused_on_a_directory_is_tolerated(
 
 
 def test_auto_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime, cuda = pkg("engine.runtime"), torch.device("cuda", 0)
+    runtime, cuda = pkg("engine.parallel.runtime"), torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_a, **_k: True)  # emulated
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_a: (7, 0))  # V100
     assert runtime.autocast_dtype("auto", cuda) is None
@@ -356,7 +357,7 @@ def test_auto_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_in_memory_auto_leaves_gpu_memory_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime, cuda = pkg("engine.runtime"), torch.device("cuda", 0)
+    runtime, cuda = pkg("engine.parallel.runtime"), torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_a: (3 * 10**9, 80 * 10**9))
     assert runtime.fits_in_memory(10**9, 4.0, cuda)
     assert not runtime.fits_in_memory(2 * 10**9, 4.0, cuda)  # more than half the free memory

@@ -60,9 +60,11 @@ def test_metrics_resume_drops_later_and_cut_off_rows(tmp_path: Path) -> None:
 def test_more_local_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    denv = pkg("engine.distributed").DistEnv(rank=3, local_rank=3, world_size=4, local_world_size=4)
+    denv = pkg("engine.parallel.distributed").DistEnv(
+        rank=3, local_rank=3, world_size=4, local_world_size=4
+    )
     with pytest.raises(pkg("errors").ConfigError, match="one task per GPU"):
-        pkg("engine.runtime").pick_device("cuda", denv)
+        pkg("engine.parallel.runtime").pick_device("cuda", denv)
 
 
 class Line(pkg("task_kinds").Regression):

@@ -70,6 +70,42 @@ def test_every_room_keeps_its_import_rules() -> None:
     assert not broken, "\n".join(broken)
 
 
+# The engine's wings (engine/__init__.py) and what each may not import; the modules at the
+# engine's top are its helpers (`optim`, `names`, `hooks`), which import no wing.
+ENGINE_WINGS = ("loop", "state", "parallel")
+ENGINE_FORBIDDEN = {"state": {"loop"}, "parallel": {"loop"}, "helpers": set(ENGINE_WINGS)}
+
+
+def engine_room(module: str) -> str | None:
+    """The engine wing of a package-relative module name, "helpers", or None outside it."""
+    parts = module.split(".")
+    if parts[0] != "engine" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in ENGINE_WINGS else "helpers"
+
+
+def test_the_engine_wings_keep_their_rules() -> None:
+    """The state on disk never imports the loop, nor does the parallel layer, and the loop
+    reaches the state by its front door only (`from ..state import ...`): the format on disk
+    (checkpoint files, manifests, shards) is behind it."""
+    broken = []
+    for path in modules():
+        rel = path.relative_to(SRC)
+        source = engine_room(".".join(rel.with_suffix("").parts))
+        for line, target in imports(path):
+            wing = engine_room(target)
+            if source is None or wing is None:
+                continue
+            if wing in ENGINE_FORBIDDEN.get(source, set()):
+                broken.append(f"{rel}:{line} imports {target} ({source} may not)")
+            if source == "loop" and target.startswith("engine.state."):
+                broken.append(f"{rel}:{line} imports {target} (the loop: `from ..state import`)")
+    assert not broken, "\n".join(broken)
+    for wing in ENGINE_WINGS:
+        doc = ast.get_docstring(ast.parse((SRC / "engine" / wing / "__init__.py").read_text()))
+        assert doc and "Owns:" in doc and "May import:" in doc, f"engine/{wing}/__init__.py"
+
+
 def test_the_map_names_every_room_and_no_module_is_loose() -> None:
     """Each wing says what it holds and may import; the top level holds only the seam."""
     for wing in WINGS[:-1]:
@@ -173,7 +209,7 @@ def test_a_task_written_for_release_0_2_is_told_each_removed_path_in_one_line(
     (tmp_path / "old_style.py").write_text("\n".join([api, *fixed]) + "\n", encoding="utf-8")
     sys.modules.pop(f"{PACKAGE}.tasks.old_style", None)
     try:
-        result = pkg("engine.trainer").train(pkg("task").load_config(None, overrides))
+        result = pkg("engine.loop.trainer").train(pkg("task").load_config(None, overrides))
     finally:
         sys.modules.pop(f"{PACKAGE}.tasks.old_style", None)
     assert result.exit_code == 0, result

@@ -11,8 +11,8 @@ import torch
 
 from conftest import PACKAGE, cli_env, pkg
 
-checkpoint = pkg("engine.checkpoint")
-EXIT_REQUEUE = pkg("engine.preemption").EXIT_REQUEUE
+checkpoint = pkg("engine.state.checkpoint")
+EXIT_REQUEUE = pkg("engine.parallel.preemption").EXIT_REQUEUE
 
 ARGS = [
     "train",
@@ -72,7 +72,7 @@ def test_sigusr1_checkpoints_exits_3_and_the_rerun_matches(
     assert 30 <= stopped["position"]["step"] < total
 
     # The rerun and an uninterrupted reference run in this process (one thread, like the child).
-    load, train = pkg("task").load_config, pkg("engine.trainer").train
+    load, train = pkg("task").load_config, pkg("engine.loop.trainer").train
     assert train(load(None, [*ARGS[1:], "run.name=stopped"])).exit_code == 0
     assert f"resumed from step {stopped['position']['step']}" in capsys.readouterr().out
     train(load(None, [*ARGS[1:], "run.name=straight"]))
@@ -106,7 +106,7 @@ def test_ctrl_c_checkpoints_like_the_other_stop_signals(project: Path) -> None:
 
 
 def test_a_second_ctrl_c_interrupts_at_once() -> None:
-    with pkg("engine.preemption").catch_stop_signals() as stop:
+    with pkg("engine.parallel.preemption").catch_stop_signals() as stop:
         os.kill(os.getpid(), signal.SIGINT)  # the first only asks for a checkpoint
         assert stop.signal_name == "SIGINT"
         with pytest.raises(KeyboardInterrupt):

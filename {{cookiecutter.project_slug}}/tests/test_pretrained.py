@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from conftest import PACKAGE, CliHere, assert_identical, blobs, cli_env, final_weights, pkg
 
 trainer, checkpoint, pretrained = (
-    pkg("engine.trainer"),
-    pkg("engine.checkpoint"),
+    pkg("engine.loop.trainer"),
+    pkg("engine.state.checkpoint"),
     pkg("data.pretrained"),
 )
 config = pkg("config")

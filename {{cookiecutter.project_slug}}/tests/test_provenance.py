@@ -65,7 +65,7 @@ def test_the_curves_name_the_run_its_best_value_and_each_resume(
         save(fig, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)
-    trainer = pkg("engine.trainer")
+    trainer = pkg("engine.loop.trainer")
     common = ["run.progress=log", "data.verify_raw=false", "run.name=cut", "train.epochs=2"]
     common += ["run.best_metric=accuracy", "run.best_mode=max", "run.log_every_steps=1"]
     cut = blobs(*common, "run.max_steps_this_segment=5", features=2, classes=3)

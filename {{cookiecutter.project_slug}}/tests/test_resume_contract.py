@@ -10,8 +10,8 @@ import torch
 
 from conftest import blobs, pkg
 
-trainer = pkg("engine.trainer")
-checkpoint = pkg("engine.checkpoint")
+trainer = pkg("engine.loop.trainer")
+checkpoint = pkg("engine.state.checkpoint")
 CheckpointError = pkg("errors").CheckpointError
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=1", "data.verify_raw=false"]
@@ -127,7 +127,9 @@ def test_evaluate_on_the_cpu_after_fp16_training(project: Path) -> None:
     state["config"]["train"]["precision"] = "fp16"  # as written by a run on a GPU
     run_id = checkpoint.read_manifest(path)["run_id"]
     checkpoint.save(state, run_dir / "checkpoints", step, keep=1, run_id=run_id)
-    result = pkg("engine.evaluate").evaluate_run(run_dir, pkg("settings").get_settings(), "cpu")
+    result = pkg("engine.loop.evaluate").evaluate_run(
+        run_dir, pkg("settings").get_settings(), "cpu"
+    )
     assert result["accuracy"] > 0.5
 
 

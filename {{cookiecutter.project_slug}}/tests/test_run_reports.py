@@ -8,8 +8,8 @@ import torch
 
 from conftest import blobs, pkg
 
-trainer = pkg("engine.trainer")
-checkpoint = pkg("engine.checkpoint")
+trainer = pkg("engine.loop.trainer")
+checkpoint = pkg("engine.state.checkpoint")
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "train.batch_size=32"]
 
@@ -42,7 +42,7 @@ def test_best_weights_by_a_chosen_metric_validated_every_n_steps(
     assert best[metric] == pytest.approx(pick(values))  # type: ignore[operator]
     first = next(r for r in val if float(r[metric]) == pytest.approx(best[metric]))
     assert best["step"] == int(first["step"])  # the first step that reached it
-    pkg("engine.checkpoint").load_model(blobs(*FAST).build_model(), best["model"], "best.pt")
+    pkg("engine.state.checkpoint").load_model(blobs(*FAST).build_model(), best["model"], "best.pt")
 
 
 def test_best_metric_must_be_a_metric_of_the_task(project: Path) -> None:

@@ -58,7 +58,7 @@ def train(*overrides: str) -> Any:
     """Train the toy stream task in this process."""
     cfg = pkg("task").load_config(None, [*HF, *overrides])
     task = pkg("task").load_task(cfg, pkg("settings").get_settings())
-    return pkg("engine.trainer").train(task.cfg, task)
+    return pkg("engine.loop.trainer").train(task.cfg, task)
 
 
 @pytest.mark.skipif(

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from toy_tasks.streams import Counted, Generated
 
 streams = pkg("data.streams")
-turns = pkg("engine.stream_batches").in_turns
+turns = pkg("engine.loop.stream_batches").in_turns
 
 
 def feed(stream, *, rank: int = 0, world: int = 1, resume=None) -> object:

@@ -24,7 +24,7 @@ from conftest import (
     run_ranks,
 )
 
-streams, trainer = pkg("data.streams"), pkg("engine.trainer")
+streams, trainer = pkg("data.streams"), pkg("engine.loop.trainer")
 
 # Two workers, batches of 16, a constant schedule (a stream has no planned end).
 COMMON = [
@@ -55,10 +55,13 @@ def test_a_stream_its_workers_cannot_receive_is_one_line() -> None:
         def __iter__(self) -> Any:
             yield from range(4)
 
-    stream_batches, denv = pkg("engine.stream_batches"), pkg("engine.distributed").DistEnv()
+    stream_batches, denv = (
+        pkg("engine.loop.stream_batches"),
+        pkg("engine.parallel.distributed").DistEnv(),
+    )
     options: dict[str, Any] = {"batch_size": 2, "denv": denv, "seed": 0, "collate": None}
     options |= {"device": torch.device("cpu"), "prefetch": 2}
-    loading = pkg("engine.loading").Loading
+    loading = pkg("engine.loop.loading").Loading
     with pytest.raises(pkg("errors").DataError) as refused:
         stream_batches.StreamBatches(Local(), loading(workers=2, **options), where="task t: train")
     assert str(refused.value).startswith("task t: train: cannot be sent to its DataLoader")
@@ -218,7 +221,7 @@ def test_a_stream_that_raises_ends_the_run_in_one_line_and_keeps_its_steps(
 ) -> None:
     """The task's own error in a worker: one line, its traceback in the run's errors.log."""
     out = run_cli("train", *COMMON, "run.name=bad", "task.kind=raise", project=project)
-    assert out.returncode == pkg("engine.read_stop").EXIT_DATA == 6
+    assert out.returncode == pkg("engine.loop.read_stop").EXIT_DATA == 6
     [line] = [line for line in out.stdout.splitlines() if line.startswith("error:")]
     assert "RuntimeError: sensor 50 is unreadable, in DataLoader worker 0 of process 0" in line
     assert "checkpoint at step 2 written, exit 6" in line  # worker 0 failed in its 2nd batch

@@ -19,7 +19,7 @@ cli, searchspace, hooks, trainer = (
     pkg("cli"),
     pkg("experiments.searchspace"),
     pkg("engine.hooks"),
-    pkg("engine.trainer"),
+    pkg("engine.loop.trainer"),
 )
 ConfigError = pkg("errors").ConfigError
 
@@ -232,7 +232,9 @@ def test_a_listener_stops_a_run_cleanly_as_pruned(project: Path) -> None:
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["status"] == "pruned" and summary["step"] == 6 < summary["total_steps"]
     assert (
-        pkg("engine.checkpoint").load_latest(result.run_dir / "checkpoints")["position"]["step"]
+        pkg("engine.state.checkpoint").load_latest(result.run_dir / "checkpoints")["position"][
+            "step"
+        ]
         == 6
     )
 

@@ -27,7 +27,7 @@ import torch
 
 from conftest import EXAMPLE_RAW, ROOT, pkg
 
-task_mod, config, batches = pkg("task"), pkg("config"), pkg("engine.batches")
+task_mod, config, batches = pkg("task"), pkg("config"), pkg("engine.loop.batches")
 errors, processed = pkg("errors"), pkg("data.processed")
 
 

@@ -11,9 +11,9 @@ from conftest import assert_identical, blobs, final_weights, pkg
 from toy_tasks.blobs import Blobs
 from toy_tasks.sequences import Sequences
 
-trainer, batches, config = pkg("engine.trainer"), pkg("engine.batches"), pkg("config")
+trainer, batches, config = pkg("engine.loop.trainer"), pkg("engine.loop.batches"), pkg("config")
 DataError = pkg("errors").DataError
-DistEnv = pkg("engine.distributed").DistEnv
+DistEnv = pkg("engine.parallel.distributed").DistEnv
 
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "run.log_every_steps=5"]
 
@@ -69,7 +69,7 @@ def test_a_data_sets_own_getitems_loads_whole_batches() -> None:
             Bulk.calls += 1
             return [torch.tensor([float(i)]) for i in indices]
 
-    loading = pkg("engine.loading").Loading(
+    loading = pkg("engine.loop.loading").Loading(
         batch_size=4,
         denv=DistEnv(),
         seed=0,
@@ -99,7 +99,7 @@ def test_a_tasks_optimizer_and_schedule_are_used_and_resume_exactly(project: Pat
         lambda *a: task_of(SgdStep, *a), "train.epochs=2", "train.batch_size=32"
     )
     assert_identical(cut, straight)
-    state = pkg("engine.checkpoint").load_latest(project / "runs" / "cut" / "checkpoints")
+    state = pkg("engine.state.checkpoint").load_latest(project / "runs" / "cut" / "checkpoints")
     assert state["optimizer"]["param_groups"][0]["momentum"] == 0.9
     steps = state["position"]["step"]
     assert state["scheduler"]["_last_lr"][0] == pytest.approx(0.05 * 0.5 ** (steps // 10))

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from conftest import PACKAGE, ROOT, assert_identical, pkg, run_cli
 from test_task_contract import test_loss_is_a_finite_scalar_and_sums_add_up as contract
 
-trainer, checkpoint = pkg("engine.trainer"), pkg("engine.checkpoint")
+trainer, checkpoint = pkg("engine.loop.trainer"), pkg("engine.state.checkpoint")
 GUIDE = ROOT / "docs" / "bring-your-own-task.md"
 MODULE = re.compile(r"<!-- write src/\S+/tasks/(\w+)\.py -->\n```python\n(.*?)```", re.S)
 RECIPES = ("averaged", "gan", "distill")
@@ -154,7 +154,7 @@ def test_averaged_weights_are_what_validation_evaluate_and_export_use(
     train("averaged", "run.name=plain", "task.use_ema=false")
     averaged, plain = rows(run, "val")[-1]["loss"], rows(project / "runs" / "plain", "val")[-1]
     assert averaged != plain["loss"]
-    manual = pkg("engine.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
+    manual = pkg("engine.loop.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
     model.load_state_dict({**state["model"], **state["averaged"]})
     assert manual["loss"] == pytest.approx(manual_loss(model), rel=1e-6)
 
@@ -233,7 +233,7 @@ def test_the_gan_draws_its_figure_from_the_model_the_same_each_time(
     train("gan", "run.name=drawn", "run.figures=true", "train.epochs=1")
     figure = pkg("settings").get_settings().figures_dir / "drawn" / "generated.png"
     first = figure.read_bytes()
-    pkg("engine.evaluate").evaluate_run(
+    pkg("engine.loop.evaluate").evaluate_run(
         project / "runs" / "drawn", pkg("settings").get_settings(), "cpu"
     )
     assert figure.read_bytes() == first  # seeded: the same weights draw the same figure
@@ -253,7 +253,7 @@ def test_a_frozen_teacher_is_kept_once_and_evaluates_and_exports(
     groups = state["optimizer"]["param_groups"]
     assert sum(len(g["params"]) for g in groups) == len(state["optimizer"]["state"])
     assert len(state["optimizer"]["state"]) == len(student)
-    result = pkg("engine.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
+    result = pkg("engine.loop.evaluate").evaluate_run(run, pkg("settings").get_settings(), "cpu")
     assert 0.0 <= result["accuracy"] <= 1.0
     out = run_cli(
         "export",

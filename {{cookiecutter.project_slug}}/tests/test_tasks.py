@@ -31,7 +31,11 @@ from conftest import (
     run_cli,
 )
 
-config, trainer, checkpoint = pkg("config"), pkg("engine.trainer"), pkg("engine.checkpoint")
+config, trainer, checkpoint = (
+    pkg("config"),
+    pkg("engine.loop.trainer"),
+    pkg("engine.state.checkpoint"),
+)
 task_mod, data = pkg("task"), pkg("data.processed")
 FAST = ["run.progress=log", "run.figures=false", "data.verify_raw=false", "run.log_every_steps=5"]
 # Small enough for a loaded 2-core machine, big enough to learn something.
@@ -136,7 +140,7 @@ def test_shipped_task_stops_resumes_exactly_evaluates_and_draws(
     assert header[3 : 4 + len(metrics)] == ["loss", *metrics]
     assert all(f"val_{m}" in straight.summary for m in task.metrics)
 
-    result = pkg("engine.evaluate").evaluate_run(
+    result = pkg("engine.loop.evaluate").evaluate_run(
         example_project / "runs" / "straight", pkg("settings").get_settings(), "cpu"
     )
     assert set(task.metrics) <= result.keys()
@@ -207,10 +211,16 @@ def test_images_prepare_packs_the_files_into_shards(example_project: Path) -> No
     assert image.shape == (1, 16, 16)
     assert 0 <= int(label) < 10
     # Training samples are augmented: a batch's draws depend on its epoch, not on chance.
-    loader = pkg("engine.batches").SeededSamples(sets.train, seed=0)
-    first = [image for image, _ in loader.__getitems__(pkg("engine.batches").BatchKey(3, [5, 9]))]
-    again = [image for image, _ in loader.__getitems__(pkg("engine.batches").BatchKey(3, [5, 9]))]
-    later = [image for image, _ in loader.__getitems__(pkg("engine.batches").BatchKey(4, [5, 9]))]
+    loader = pkg("engine.loop.batches").SeededSamples(sets.train, seed=0)
+    first = [
+        image for image, _ in loader.__getitems__(pkg("engine.loop.batches").BatchKey(3, [5, 9]))
+    ]
+    again = [
+        image for image, _ in loader.__getitems__(pkg("engine.loop.batches").BatchKey(3, [5, 9]))
+    ]
+    later = [
+        image for image, _ in loader.__getitems__(pkg("engine.loop.batches").BatchKey(4, [5, 9]))
+    ]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0], later[0])
 

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import blobs, pkg
 
-trainer = pkg("engine.trainer")
-checkpoint = pkg("engine.checkpoint")
+trainer = pkg("engine.loop.trainer")
+checkpoint = pkg("engine.state.checkpoint")
 tracking = pkg("observe.tracking")
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=2", "data.verify_raw=false"]

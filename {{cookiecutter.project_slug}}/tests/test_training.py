@@ -16,8 +16,8 @@ from conftest import assert_identical, blobs, final_weights, pkg
 from toy_tasks.blobs import Blobs, NoisyDicts
 
 config = pkg("config")
-trainer = pkg("engine.trainer")
-checkpoint = pkg("engine.checkpoint")
+trainer = pkg("engine.loop.trainer")
+checkpoint = pkg("engine.state.checkpoint")
 
 FAST = ["run.progress=log", "run.figures=false", "run.log_every_steps=5", "data.verify_raw=false"]
 
@@ -130,7 +130,7 @@ def test_a_background_save_due_while_the_last_writes_is_skipped_and_said_once(
     project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The first background save is held on the disk until three later ones fell due."""
-    checkpoint, checkpoint_io = pkg("engine.checkpoint"), pkg("engine.checkpoint_io")
+    checkpoint, checkpoint_io = pkg("engine.state.checkpoint"), pkg("engine.state.checkpoint_io")
     disk_free, steps = threading.Event(), []
     real_save, real_skip = checkpoint.save, checkpoint_io.Checkpointer.skip
 

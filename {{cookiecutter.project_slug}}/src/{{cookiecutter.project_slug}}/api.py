@@ -37,8 +37,8 @@ from .data.shards import ShardReader, write_shards
 from .data.streams import ShuffleBuffer, StreamPart, stream_part
 from .data.tars import TarShards, write_tar_shards
 from .data.text import raw_text, read_utf8
-from .engine.averaging import EMA
-from .engine.distributed import gather_with_grad
+from .engine.loop.averaging import EMA
+from .engine.parallel.distributed import gather_with_grad
 from .errors import ConfigError, DataError
 from .models import build_model
 from .settings import Settings

@@ -45,8 +45,8 @@ def _verify_raw(cfg: Config, settings: Settings) -> None:
 
 
 def _limit_threads() -> str:
-    """The one thread rule of every command that computes (engine.runtime.cpu_share)."""
-    from .engine import distributed, runtime  # noqa: PLC0415  (imports torch)
+    """The one thread rule of every command that computes (engine.parallel.runtime.cpu_share)."""
+    from .engine.parallel import distributed, runtime  # noqa: PLC0415  (imports torch)
 
     runtime.limit_threads(distributed.resolve_env())
     return runtime.threads_note()
@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = get_settings()
     cfg = _config(args, settings)
     check_given(cfg.run.name, os.environ.get("RUN_NAME", ""))  # before any file is touched
-    from .engine.trainer import run_name, train  # noqa: PLC0415
+    from .engine.loop.trainer import run_name, train  # noqa: PLC0415
     from .observe import diagnostics  # noqa: PLC0415  (imports torch)
 
     name = run_name(cfg, os.environ)
@@ -103,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The task's test-split metrics and figures for a run's latest checkpoint."""
     settings = get_settings()
-    from .engine.evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
+    from .engine.loop.evaluate import evaluate_run, latest_run  # noqa: PLC0415  (imports torch)
 
     if args.run:
         check_run_name(args.run, "--run")
@@ -122,7 +122,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's final or best weights as a model folder (safetensors, config, tokenizer)."""
     settings = get_settings()
-    from .engine.evaluate import latest_run  # noqa: PLC0415  (imports torch)
+    from .engine.loop.evaluate import latest_run  # noqa: PLC0415  (imports torch)
     from .ops.export import export_run  # noqa: PLC0415
 
     if args.run:

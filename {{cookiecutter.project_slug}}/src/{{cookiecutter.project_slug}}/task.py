@@ -54,7 +54,7 @@ from . import config
 from .config import Config, field_types
 from .data import pretrained
 from .engine import optim
-from .engine.averaging import EMA
+from .engine.loop.averaging import EMA
 from .errors import ConfigError, DataError
 from .settings import Settings
 
@@ -197,7 +197,7 @@ class Task(ABC):
         Under `dist.strategy = "fsdp"` ranks other than 0 call it inside `torch.device("meta")`:
         their tensors hold no values (rank 0's are copied into their shards), so it must not
         read them. With `model.init_from` every process builds the parameters on meta
-        (engine/initial_weights.py) and the files fill them.
+        (engine/state/initial_weights.py) and the files fill them.
         """
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
@@ -265,7 +265,7 @@ class Task(ABC):
         """The part of the model that `model.init_from`'s weights are loaded into.
 
         Parameters outside it (adapters, a new head) are initialised by their module's
-        `reset_parameters()` (engine/initial_weights.py).
+        `reset_parameters()` (engine/state/initial_weights.py).
         """
         return model
 

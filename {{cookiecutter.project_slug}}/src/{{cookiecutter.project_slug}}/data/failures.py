@@ -7,7 +7,7 @@ and PIL name nothing. So the code that reads a batch (a stream's feed, a map-sty
 batch) catches the exception where it happens and sends a `ReadFailure` in place of the batch:
 the cause in one line, the file the reader opened last (where the cause names none), the
 worker and the process, and the traceback as text for the run's log. The training process
-then stops where every process agrees (`engine.stream_batches`, `engine.batches`), with a
+then stops where every process agrees (`engine.loop.stream_batches`, `engine.loop.batches`), with a
 checkpoint of the last good step.
 
 The files opened are seen by a Python audit hook on the `open` event (PEP 578), active only

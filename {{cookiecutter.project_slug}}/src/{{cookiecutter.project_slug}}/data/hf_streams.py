@@ -36,7 +36,7 @@ class _HFStream(IterableDataset):
     """What both routes share: the split by process, the epoch, the sample transform."""
 
     # Imported by the fork server of the DataLoader workers before it forks them (see
-    # `engine.stream_batches.fork_server`): once per run, not once per worker and pass.
+    # `engine.loop.stream_batches.fork_server`): once per run, not once per worker and pass.
     worker_modules = ("datasets", "datasets.distributed", "pyarrow.parquet")
 
     def __init__(

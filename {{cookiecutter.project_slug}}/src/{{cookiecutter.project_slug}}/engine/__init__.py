@@ -1,12 +1,10 @@
 """The engine: the training loop and everything it drives, unaware of any research problem.
 
-Holds the loop (`trainer`) and its train rows' means (`train_scalars`), what the data makes
-of a run (`sizes`: batch path, steps), batches and their placement (`batches`, a stream's in
-`stream_batches`, both loaded with the settings of `loading` and moved to the device by
-`transfer`), the random states (`rng`), evaluation, the parallelism strategies (`strategy`:
-ddp, fsdp), checkpoints and their I/O (`checkpoint`, `checkpoint_io`, `shard_files`,
-`run_weights`), optimizer defaults, the runtime (device, precision, workers), distributed
-set-up, stop signals and hooks.
+Three wings and three helpers. `loop/`: the order of a run's events (the trainer, the update
+rule, batches, evaluation). `state/`: the state on disk (checkpoints and their format, a run's
+weights, initial weights). `parallel/`: processes and devices (the process group, the ddp and
+fsdp strategies, runtime, stop signals). Helpers any wing may use: optimizer defaults
+(`optim`), run names (`names`), the user's hooks (`hooks`); they import no wing.
 
 May import: the seam (`task`, `config`, `errors`, `settings`), `data`, `observe`.
 Never: `tasks`, `experiments`, `ops` (they build on the engine, not the other way round).

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..engine.distributed import resolve_env
-from ..engine.runtime import cpus_available, default_workers
+from ..engine.parallel.distributed import resolve_env
+from ..engine.parallel.runtime import cpus_available, default_workers
 from ..settings import Settings, library_caches
 from . import packing
 from .plan import read_cluster

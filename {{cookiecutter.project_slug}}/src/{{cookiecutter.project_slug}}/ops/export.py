@@ -23,7 +23,7 @@ folder is an ordinary model. With `adapters=True` the adapters alone are written
 adapter folder (`adapter_config.json`, `adapter_model.safetensors`) that
 `PeftModel.from_pretrained(base, out)` loads onto the base model.
 
-Streamed: tensors are read from the checkpoint (engine/run_weights.ModelTensors; never the
+Streamed: tensors are read from the checkpoint (engine/state/run_weights.ModelTensors; never the
 optimizer) and from `model.init_from` (a frozen base) one output shard at a time, so the peak
 memory is about one shard. Written into a temporary folder and renamed into place. Every
 file and the folder get the modes the umask gives new ones, as a checkpoint's do: under umask
@@ -44,8 +44,8 @@ from torch import nn
 from ..config import to_toml
 from ..data.pretrained import FIELD, INDEX, SINGLE, WeightFiles
 from ..data.processed import swapped_in
-from ..engine.initial_weights import tie_groups
-from ..engine.run_weights import ModelTensors, model_on_meta, target_prefix
+from ..engine.state.initial_weights import tie_groups
+from ..engine.state.run_weights import ModelTensors, model_on_meta, target_prefix
 from ..errors import ConfigError
 from ..settings import Settings
 from ..task import LowRankAdapted, Task, config_from_dict

@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from ..config import Config
-from ..engine import checkpoint
-from ..engine.checkpoint_io import Checkpointer, slow_save
-from ..engine.distributed import DistEnv
-from ..engine.initial_weights import InitialWeights
-from ..engine.strategy import Optimizers, create
+from ..engine.parallel.distributed import DistEnv
+from ..engine.parallel.strategy import Optimizers, create
+from ..engine.state import checkpoint
+from ..engine.state.checkpoint_io import Checkpointer, slow_save
+from ..engine.state.initial_weights import InitialWeights
 from ..errors import ConfigError
 from ..settings import Settings
 from ..task import load_task
@@ -150,7 +150,8 @@ def checkpoint_bytes(model: Model) -> float:
     """One checkpoint: fp32 weights and AdamW's two moments of each trainable, and buffers.
 
     A frozen base from `model.init_from` (under LoRA) is left out of checkpoints (those files
-    hold it; engine/strategy.py's `frozen_keys`); other frozen parameters (a teacher) are kept.
+    hold it; `frozen_keys` in engine/parallel/strategy.py); other frozen parameters (a
+    teacher) are kept.
     """
     return float(12 * model.trainable + model.buffer_bytes + model.saved_frozen_bytes)
 

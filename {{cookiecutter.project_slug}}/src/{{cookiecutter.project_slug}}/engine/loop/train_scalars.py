@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from . import distributed
-from .distributed import DistEnv
+from ..parallel import distributed
+from ..parallel.distributed import DistEnv
 
 
 class TrainScalars:

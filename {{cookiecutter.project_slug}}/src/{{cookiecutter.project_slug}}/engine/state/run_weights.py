@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.pretrained import FIELD, read_weights
-from ..errors import CheckpointError
-from ..settings import Settings
-from ..task import Task, config_from_dict, load_task
+from ...data.pretrained import FIELD, read_weights
+from ...errors import CheckpointError
+from ...settings import Settings
+from ...task import Task, config_from_dict, load_task
 from . import checkpoint
 from .initial_weights import tie_groups
 

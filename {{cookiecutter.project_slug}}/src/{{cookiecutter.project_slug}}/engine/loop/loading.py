@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from .distributed import DistEnv
-from .preemption import start_worker
+from ...config import Config
+from ..parallel.distributed import DistEnv
+from ..parallel.preemption import start_worker
 from .transfer import Collate
 
 

@@ -32,13 +32,13 @@ from torch.utils.data import (
     default_collate,
 )
 
-from ..data import failures
-from ..data.failures import ReadError, ReadFailure
-from ..data.streams import inexact_state
-from ..errors import DataError, first_line
-from ..task import Batch, batch_seed, check_structure, seeded_batch
-from . import distributed
-from .distributed import DistEnv
+from ...data import failures
+from ...data.failures import ReadError, ReadFailure
+from ...data.streams import inexact_state
+from ...errors import DataError, first_line
+from ...task import Batch, batch_seed, check_structure, seeded_batch
+from ..parallel import distributed
+from ..parallel.distributed import DistEnv
 from .loading import Loading
 from .stream_batches import StreamBatches, is_stream
 from .transfer import Collate, stop_workers, to_device

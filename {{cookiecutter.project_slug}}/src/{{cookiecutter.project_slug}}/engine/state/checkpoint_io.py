@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -33,10 +33,15 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from ..errors import CheckpointError, NoIntactCheckpointError, first_line
-from . import checkpoint, distributed, shard_files
-from .distributed import DistEnv
-from .strategy import Stepped, Strategy
+from ...errors import CheckpointError, NoIntactCheckpointError, first_line
+from ..parallel import distributed
+from ..parallel.distributed import DistEnv
+from . import checkpoint, shard_files
+
+# Types only: the strategy is handed in. It imports this wing (to read weights into a model),
+# so an import back would be a circle; of the parallel wing, only `distributed` is imported.
+if TYPE_CHECKING:
+    from ..parallel.strategy import Stepped, Strategy
 
 
 def slow_save(save_s: float, every_s: float, grace_s: float) -> dict[str, str]:
@@ -104,7 +109,7 @@ class Checkpointer:
     def __init__(
         self,
         directory: Path,
-        strategy: Strategy,
+        strategy: "Strategy",
         denv: DistEnv,
         keep: int,
         say: Callable[[str], None],
@@ -136,7 +141,7 @@ class Checkpointer:
         self,
         step: int,
         net: nn.Module,
-        stepped: Stepped,
+        stepped: "Stepped",
         extra: dict[str, Any],
         background: bool,
     ) -> None:
@@ -164,7 +169,7 @@ class Checkpointer:
         self,
         step: int,
         net: nn.Module,
-        stepped: Stepped,
+        stepped: "Stepped",
         extra: dict[str, Any],
         background: bool,
         *,
@@ -294,7 +299,7 @@ class Checkpointer:
             self._stager.close()
 
     # --- loading ----------------------------------------------------------------------
-    def load_latest(self, net: nn.Module, stepped: Stepped) -> dict[str, Any] | None:
+    def load_latest(self, net: nn.Module, stepped: "Stepped") -> dict[str, Any] | None:
         """The newest intact checkpoint of this run, its tensors read into a state for `net`.
 
         A damaged checkpoint is skipped with one line naming the file and the reason; when
@@ -318,7 +323,7 @@ class Checkpointer:
         """The first rank's problem, on every rank (waits untimed: ranks may read for long)."""
         return next((p for p in distributed.gather_objects(problem, io=True) if p), None)
 
-    def _read(self, path: Path, net: nn.Module, stepped: Stepped) -> dict[str, Any] | None:
+    def _read(self, path: Path, net: nn.Module, stepped: "Stepped") -> dict[str, Any] | None:
         problem = None
         try:
             manifest = checkpoint.read_manifest(path)
@@ -357,7 +362,7 @@ class Checkpointer:
         return sorted(manifest["files"])[self.denv.rank :: self.denv.world_size]
 
     def _load(
-        self, path: Path, manifest: dict[str, Any], net: nn.Module, stepped: Stepped
+        self, path: Path, manifest: dict[str, Any], net: nn.Module, stepped: "Stepped"
     ) -> dict[str, Any]:
         if not path.is_dir():
             return checkpoint.load(path)

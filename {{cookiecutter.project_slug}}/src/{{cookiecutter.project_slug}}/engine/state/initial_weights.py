@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from ..data.pretrained import FIELD, WeightFiles
-from ..errors import ConfigError
-from ..task import Task
+from ...data.pretrained import FIELD, WeightFiles
+from ...errors import ConfigError
+from ...task import Task
 from .checkpoint import misfit
 
 

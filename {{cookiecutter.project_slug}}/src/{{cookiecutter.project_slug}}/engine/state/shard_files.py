@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 from . import checkpoint
 
 # DCP writes a process's shards with one thread by default: 0.40-0.45 GB/s on an H200 node's

@@ -31,13 +31,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from ..config import Config
-from ..errors import CheckpointError, ConfigError
-from ..task import Task
-from . import distributed, optim
-from .checkpoint import load_model
+from ...config import Config
+from ...errors import CheckpointError, ConfigError
+from ...task import Task
+from .. import optim
+from ..state.checkpoint import load_model
+from ..state.initial_weights import InitialWeights
+from . import distributed
 from .distributed import DistEnv
-from .initial_weights import InitialWeights
 from .runtime import autocast_dtype
 
 

@@ -15,7 +15,7 @@ import datetime
 import json
 from pathlib import Path
 
-from ..data.failures import ReadFailure
+from ...data.failures import ReadFailure
 
 EXIT_DATA = 6
 """Exit code of `train` meaning: the training data failed to read; the last good step is kept."""

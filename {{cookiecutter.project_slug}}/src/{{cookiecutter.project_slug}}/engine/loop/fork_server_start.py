@@ -6,6 +6,6 @@ writes its checkpoint. Importing this module, the server leaves them to the trai
 as the workers do; the workers it forks inherit that.
 """
 
-from .preemption import ignore_stop_signals
+from ..parallel.preemption import ignore_stop_signals
 
 ignore_stop_signals()

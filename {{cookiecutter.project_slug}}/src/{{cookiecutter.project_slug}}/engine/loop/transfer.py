@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ..task import Batch
+from ...task import Batch
 
 Collate = Callable[[list[Any]], Batch]
 """A task's own `collate`; None stands for torch's `default_collate`."""

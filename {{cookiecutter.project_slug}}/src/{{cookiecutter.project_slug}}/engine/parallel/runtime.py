@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .distributed import DistEnv
 
 

@@ -11,12 +11,13 @@ into the source record when every read went well; after a failed read, `read_sto
 from pathlib import Path
 from typing import Any
 
-from ..data.failures import ReadFailure
-from ..data.processed import check_same_data, data_files, processed_digest, record_sources
-from ..errors import DataError
-from ..settings import Settings
-from ..task import Task
-from . import distributed, read_stop
+from ...data.failures import ReadFailure
+from ...data.processed import check_same_data, data_files, processed_digest, record_sources
+from ...errors import DataError
+from ...settings import Settings
+from ...task import Task
+from ..parallel import distributed
+from . import read_stop
 
 
 class RunData:

@@ -35,12 +35,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from ..data import failures
-from ..data.failures import ReadError
-from ..data.streams import StreamFeed, StreamPart, Tag, check_state
-from ..errors import DataError, first_line
-from ..task import Batch
-from . import distributed
+from ...data import failures
+from ...data.failures import ReadError
+from ...data.streams import StreamFeed, StreamPart, Tag, check_state
+from ...errors import DataError, first_line
+from ...task import Batch
+from ..parallel import distributed
 from .loading import Loading
 from .transfer import stop_workers, to_device
 

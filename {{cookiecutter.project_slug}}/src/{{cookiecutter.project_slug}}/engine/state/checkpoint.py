@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..errors import CheckpointError, ConfigError
+from ...errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"step-(\d+)\.(pt|dcp)")
 MANIFEST = "manifest.json"

@@ -4,12 +4,12 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..errors import ConfigError
-from ..task import Datasets, Task, own_collate
-from . import distributed
+from ...config import Config
+from ...errors import ConfigError
+from ...task import Datasets, Task, own_collate
+from ..parallel import distributed
+from ..parallel.runtime import fits_in_memory, packed_runs
 from .batches import check_first_sample, size, tensor_bytes
-from .runtime import fits_in_memory, packed_runs
 from .stream_batches import is_stream
 
 

@@ -22,30 +22,32 @@ from typing import Any
 
 import torch
 
-from ..config import PER_SEGMENT, Config, to_dict, to_toml
-from ..data.failures import ReadError, ReadFailure
-from ..data.processed import stage
-from ..errors import CheckpointError, ConfigError, DataError
-from ..observe import provenance
-from ..observe.metrics import MetricsLog, Progress, Timers, format_summary, metric_fields, whole_run
-from ..observe.plots import plot_curves
-from ..settings import Settings, get_settings
-from ..task import Datasets, Task, Where, load_task, model_figures_seeded, own_collate
-from . import checkpoint, checkpoint_io, distributed, hooks, names, read_stop, strategy
-from .averaging import swapped_in
-from .batches import EvalBatches, make_train_batches
-from .evaluate import split_sums
-from .loading import Loading
-from .preemption import (
+from ...config import PER_SEGMENT, Config, to_dict, to_toml
+from ...data.failures import ReadError, ReadFailure
+from ...data.processed import stage
+from ...errors import CheckpointError, ConfigError, DataError
+from ...observe import provenance
+from ...observe.metrics import (
+    MetricsLog,
+    Progress,
+    Timers,
+    format_summary,
+    metric_fields,
+    whole_run,
+)
+from ...observe.plots import plot_curves
+from ...settings import Settings, get_settings
+from ...task import Datasets, Task, Where, load_task, model_figures_seeded, own_collate
+from .. import hooks, names
+from ..parallel import distributed, strategy
+from ..parallel.preemption import (
     EXIT_DIVERGED,
     EXIT_REQUEUE,
     StopRequest,
     catch_stop_signals,
     stop_message,
 )
-from .rng import rng_state, set_rng_state
-from .run_data import RunData
-from .runtime import (
+from ..parallel.runtime import (
     billed_gpus,
     configure_backends,
     default_workers,
@@ -55,6 +57,14 @@ from .runtime import (
     seed_everything,
     threads_note,
 )
+from ..state import Checkpointer, lock_run_dir, remove_stale_tmp, run_id, save_atomic
+from . import read_stop
+from .averaging import swapped_in
+from .batches import EvalBatches, make_train_batches
+from .evaluate import split_sums
+from .loading import Loading
+from .rng import rng_state, set_rng_state
+from .run_data import RunData
 from .sizes import check_sizes, in_memory, plan_steps
 from .stream_batches import StreamBatches
 from .train_scalars import TrainScalars
@@ -232,7 +242,7 @@ class Trainer:
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         self.strategy = strategy.create(cfg, denv, device)  # ddp or fsdp: nothing else knows
         self.net, self.model = self.strategy.setup(task)
-        self.checkpoints = checkpoint_io.Checkpointer(
+        self.checkpoints = Checkpointer(
             self.ckpt_dir,
             self.strategy,
             denv,
@@ -282,7 +292,7 @@ class Trainer:
         problem = None
         if self.denv.is_main:
             try:
-                self._held.enter_context(checkpoint.lock_run_dir(self.run_dir, self.say))
+                self._held.enter_context(lock_run_dir(self.run_dir, self.say))
             except ConfigError as err:
                 problem = str(err)
         if problem := distributed.broadcast_object(problem):
@@ -311,9 +321,9 @@ class Trainer:
         self.window = TrainScalars(self.device, self.update.scalars)
         self.data.check()
         if self.denv.is_main:
-            checkpoint.remove_stale_tmp(self.ckpt_dir)
+            remove_stale_tmp(self.ckpt_dir)
         distributed.barrier(io=True)  # deleting a large stale folder may take a while
-        own_id = checkpoint.run_id(self.run_dir) if self.denv.is_main else None
+        own_id = run_id(self.run_dir) if self.denv.is_main else None
         self.checkpoints.run_id = distributed.broadcast_object(own_id)
         reading = time.perf_counter()
         state = self.checkpoints.load_latest(self.net, self.update)
@@ -484,7 +494,7 @@ class Trainer:
         if self.denv.is_main:
             best = {"model": weights, "step": self.pos.step, name: value}
             best["frozen"] = {"keys": frozen, "digest": digest} if frozen else None
-            checkpoint.save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
+            save_atomic({**best, "config": to_dict(self.cfg)}, self.run_dir / "best.pt")
         self.checkpoints.barrier()  # the others wait for the write outside any timed collective
 
     def run_seconds(self) -> dict[str, float]:

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import Config
-from ..errors import CheckpointError, ConfigError, DataError
-from ..task import Batch, Task, Where
-from . import optim
-from .runtime import autocast_dtype
-from .strategy import Strategy
+from ...config import Config
+from ...errors import CheckpointError, ConfigError, DataError
+from ...task import Batch, Task, Where
+from .. import optim
+from ..parallel.runtime import autocast_dtype
+from ..parallel.strategy import Strategy
 from .train_scalars import TrainScalars
 from .transfer import to_device
 

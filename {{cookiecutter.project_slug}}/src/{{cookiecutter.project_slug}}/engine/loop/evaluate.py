@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..config import Config
-from ..data.failures import ReadError
-from ..errors import CheckpointError, DataError
-from ..settings import Settings
-from ..task import (
+from ...config import Config
+from ...data.failures import ReadError
+from ...errors import CheckpointError, DataError
+from ...settings import Settings
+from ...task import (
     Task,
     config_from_dict,
     load_task,
@@ -22,12 +22,12 @@ from ..task import (
     own_collate,
     set_mode,
 )
-from . import checkpoint, distributed
+from ..parallel import distributed
+from ..parallel.distributed import DistEnv
+from ..parallel.runtime import autocast_dtype, pick_device
+from ..state import RunWeights, load_latest, load_model, used_weights, with_frozen_base
 from .batches import EvalBatches, size
-from .distributed import DistEnv
 from .loading import Loading
-from .run_weights import RunWeights, used_weights, with_frozen_base
-from .runtime import autocast_dtype, pick_device
 from .stream_batches import is_stream
 from .transfer import to_device
 
@@ -169,7 +169,7 @@ def stream_samples(sums: dict[str, torch.Tensor]) -> int | None:
 
 def load_run(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     """The configuration and latest checkpoint of a finished or stopped run."""
-    state = checkpoint.load_latest(run_dir / "checkpoints")
+    state = load_latest(run_dir / "checkpoints")
     if state is None:
         raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}")
     return config_from_dict(state["config"]), state
@@ -194,7 +194,7 @@ def evaluate_run(run_dir: Path, settings: Settings, device_name: str = "auto") -
     frozen = list((state.get("frozen") or {}).get("keys", []))
     step = state["position"]["step"]
     found = RunWeights(used_weights(state), state["config"], step, run_dir, frozen)
-    checkpoint.load_model(model, with_frozen_base(found, settings), f"run {run_dir.name}")
+    load_model(model, with_frozen_base(found, settings), f"run {run_dir.name}")
     sums = split_sums(
         task,
         model,
