@@ -627,4 +627,3 @@ def test_env_is_loaded_and_secrets_never_printed_or_logged(
     assert user_settings <= documented, (
         f"read but not in .env.example: {sorted(user_settings - documented)}"
     )
-
