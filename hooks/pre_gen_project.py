@@ -3,7 +3,7 @@
 One file serves every engine:
 
 * cookiecutter and cruft load ``EarlyRules`` from this file (through
-  ``hpc_ml_template_rules.py``, ``_extensions`` in cookiecutter.json): it applies the rules
+  ``hpc_ml_template_answers.py``, ``_extensions`` in cookiecutter.json): it applies the rules
   before the engine renders an answer or creates the project folder. They also render this
   file and run it as the pre-generation hook; the ``__main__`` block at the bottom holds the
   only template expression in the file and receives all answers as JSON. A rejected answer
@@ -828,8 +828,10 @@ DERIVED = "is derived by the template and cannot be given"
 # cruft: _template, _commit). Any other underscore key (_copy_without_render, _new_lines,
 # _jinja2_env_vars: options that change what the engine writes) can only come from a replay
 # file, and is refused.
-TEMPLATE_OPTIONS = ("_presets", "_template_version", "_extensions", "_project_owned")
-EXTENSIONS = ["hpc_ml_template_rules.EarlyRules"]
+TEMPLATE_OPTIONS = (
+    "_presets", "_template_version", "_extensions", "_copy_without_render", "_project_owned"
+)
+EXTENSIONS = ["hpc_ml_template_answers.EarlyRules"]
 ENGINE_KEYS = frozenset({"_template", "_output_dir", "_repo_dir", "_checkout", "_commit"})
 OWN_SETTING = "is the template's own setting and cannot be given"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import subprocess
@@ -158,6 +159,31 @@ def test_license_matches_answer(baked: tuple[Bake, dict[str, str]]) -> None:
     assert meta.get("license") == (
         None if answers["license"] == "proprietary" else answers["license"]
     )
+
+
+# Template syntax in a file's name or text: a file that holds none can be copied, not rendered.
+SYNTAX = re.compile(r"{{|{%|{#")
+
+
+def test_files_copied_without_rendering_hold_no_template_syntax() -> None:
+    """cookiecutter and cruft copy what `_copy_without_render` matches (the package's modules,
+    tests and benchmarks, most of the files): none of it may hold template syntax in its
+    text, which would reach the project unrendered. copier renders them all, to the same bytes
+    (test_engines.py compares the trees)."""
+    listed = git(ROOT, "ls-files", "--", PROJECT_DIR).splitlines()
+    inside = [path.removeprefix(f"{PROJECT_DIR}/") for path in listed]
+    copied = [
+        rel
+        for rel in inside
+        if any(fnmatch.fnmatch(rel, pattern) for pattern in CC["_copy_without_render"])
+    ]
+    assert len(copied) > len(inside) // 2, copied  # the saving is worth its rule
+    for rel in copied:
+        # The name is rendered either way (the package folder's); a condition in it is not
+        # (a file the answers leave out would be copied under an empty name).
+        assert "{%" not in rel, f"{rel}: a conditional name, matched by _copy_without_render"
+        text = (ROOT / PROJECT_DIR / rel).read_text("utf-8")
+        assert not SYNTAX.search(text), f"{rel}: template syntax, matched by _copy_without_render"
 
 
 def test_no_leftover_jinja(baked: tuple[Bake, dict[str, str]]) -> None:
