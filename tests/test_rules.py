@@ -408,11 +408,13 @@ def test_replayed_options_are_refused() -> None:
         "project_slug": "p_net",
         "_extensions": CC["_extensions"],
         "_template": "x",
-        "_copy_without_render": ["*"],
+        "_copy_without_render": ["*"],  # the template's option, with another value
+        "_new_lines": "\r\n",  # an engine option the template does not set
         "_template_version": "9.9.9",
     }
     messages = rules.check_rendered(answers, CC)
-    assert [m.split(" ", 1)[0] for m in messages] == ["_template_version", "_copy_without_render"]
+    refused = {m.split(" ", 1)[0] for m in messages}
+    assert refused == {"_template_version", "_copy_without_render", "_new_lines"}, messages
 
 
 def test_an_option_a_later_release_adds_is_judged_by_its_template() -> None:
@@ -421,15 +423,13 @@ def test_an_option_a_later_release_adds_is_judged_by_its_template() -> None:
         "project_name": "P",
         "project_slug": "p_net",
         "_extensions": CC["_extensions"],
-        "_copy_without_render": ["tests"],
+        "_a_later_option": ["tests"],
     }
-    later = {**CC, "_copy_without_render": ["tests"]}
+    later = {**CC, "_a_later_option": ["tests"]}
     assert rules.check_rendered(answers, later) == []
-    messages = rules.check_rendered({**answers, "_copy_without_render": ["*"]}, later)
-    assert [m.split(" ", 1)[0] for m in messages] == ["_copy_without_render"]
-    assert [m.split(" ", 1)[0] for m in rules.check_rendered(answers, CC)] == [
-        "_copy_without_render"
-    ]
+    messages = rules.check_rendered({**answers, "_a_later_option": ["*"]}, later)
+    assert [m.split(" ", 1)[0] for m in messages] == ["_a_later_option"]
+    assert [m.split(" ", 1)[0] for m in rules.check_rendered(answers, CC)] == ["_a_later_option"]
 
 
 def test_template_options_list_is_complete() -> None:
