@@ -829,7 +829,11 @@ DERIVED = "is derived by the template and cannot be given"
 # _jinja2_env_vars: options that change what the engine writes) can only come from a replay
 # file, and is refused.
 TEMPLATE_OPTIONS = (
-    "_presets", "_template_version", "_extensions", "_copy_without_render", "_project_owned"
+    "_presets",
+    "_template_version",
+    "_extensions",
+    "_copy_without_render",
+    "_project_owned",
 )
 EXTENSIONS = ["hpc_ml_template_answers.EarlyRules"]
 ENGINE_KEYS = frozenset({"_template", "_output_dir", "_repo_dir", "_checkout", "_commit"})

@@ -186,7 +186,7 @@ def _add_template_option(template: Path, name: str) -> None:
     cc_path.write_text(json.dumps(cc, indent=2, ensure_ascii=False) + "\n", "utf-8")
     hook = template / "hooks" / "pre_gen_project.py"
     text = hook.read_text("utf-8")
-    listed = re.sub(r'"_project_owned"(\s*)\)', rf'"_project_owned", "{name}"\1)', text, count=1)
+    listed = re.sub(r'"_project_owned"(,?\s*)\)', rf'"_project_owned", "{name}"\1)', text, count=1)
     assert listed != text, "TEMPLATE_OPTIONS has moved: update this test"
     hook.write_text(listed, "utf-8")
 
