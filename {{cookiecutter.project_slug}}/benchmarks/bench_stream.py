@@ -57,8 +57,12 @@ PACKAGE = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["
 
 
 # The wing of each engine module used here; a copy from before the wings has it in `engine`.
-WING = {"stream_batches": "loop", "loading": "loop", "fork_server_start": "loop"}
-WING["distributed"] = "parallel"
+WING = {
+    "stream_batches": "loop",
+    "loading": "loop",
+    "fork_server_start": "loop",
+    "distributed": "parallel",
+}
 
 
 def engine_module(name: str, module: str) -> str:

@@ -457,8 +457,11 @@ def task_class(name: str) -> type[Task]:
 
 # The import paths of release 0.2.0 that release 0.3.0 removed, and where each went: a task
 # written then fails to import, and is told so here in one line (CHANGELOG.md, 0.3.0).
-_REMOVED = {"shards": "data.shards", "pretrained": "data.pretrained"}
-_REMOVED |= {"transformer": "blocks.transformer"}
+_REMOVED = {
+    "shards": "data.shards",
+    "pretrained": "data.pretrained",
+    "transformer": "blocks.transformer",
+}
 # The names of the former module `data.py`, now in `data/processed.py`.
 _FORMER_DATA = frozenset({
     "check_same_data", "prepare", "processed_digest", "read_digests", "stage", "swapped_in",
